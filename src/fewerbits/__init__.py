@@ -1,0 +1,36 @@
+"""fewerbits: train language models with fewer bits, from FP32 down to FP4.
+
+The numeric core (this package's foundation):
+
+    FORMATS, FloatFormat, get_format      every element format, limits derived from the layout
+    cast(x, fmt)                          the reference rounding (nearest-even or stochastic)
+    encode / decode, pack / unpack        bit codes, fp4 two per byte, fp6 four per three bytes
+    SCHEMES, Scheme, get_scheme           how a tensor is scaled: tensor, row, tiles, MX, NVFP4
+    quantize(x, scheme) -> QuantizedTensor, .dequantize(), fake_quantize(x, scheme)
+"""
+
+__version__ = "0.1.0"
+
+from .codes import decode, encode, pack, unpack
+from .formats import FORMATS, FloatFormat, get_format
+from .quantize import QuantizedTensor, fake_quantize, quantize, quantized_nbytes
+from .rounding import cast
+from .schemes import SCHEMES, Scheme, get_scheme
+
+__all__ = [
+    "FORMATS",
+    "FloatFormat",
+    "get_format",
+    "cast",
+    "encode",
+    "decode",
+    "pack",
+    "unpack",
+    "SCHEMES",
+    "Scheme",
+    "get_scheme",
+    "QuantizedTensor",
+    "quantize",
+    "fake_quantize",
+    "quantized_nbytes",
+]

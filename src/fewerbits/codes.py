@@ -1,0 +1,130 @@
+"""Bit codes: `encode` values to one uint8 code per element, `decode` back, and sub-byte packing.
+
+A code is the format's bit pattern, right-aligned in a uint8: sign, exponent field, mantissa
+field (integers: two's complement; e8m0: the biased exponent). `decode` is a lookup in the table
+of all 2^bits values that `FloatFormat.code_values()` derives from the layout.
+
+Packing along the last dimension, least significant bits first:
+
+    fp4 / int4   two codes per byte:   byte = c0 | c1 << 4                 (c0 in the low nibble)
+    fp6          four codes per three bytes, one 24-bit little-endian word
+                 w = c0 | c1 << 6 | c2 << 12 | c3 << 18,   bytes = w & 0xFF, w >> 8 & 0xFF, w >> 16
+    8-bit        one code per byte (no change)
+
+A last dimension that does not fill the final group is padded with zero codes; `unpack` takes
+the real length back.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .formats import FloatFormat, get_format
+from .rounding import check_float_tensor, exp2, exponent_of, round_to_format
+
+
+def values_to_codes(r: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Codes (uint8) of float64 values that already lie on `fmt`'s grid (or are inf/NaN)."""
+    if fmt.bits > 8:
+        raise ValueError(
+            f"{fmt.name} has {fmt.bits} bits; codes are uint8, for formats of at most 8 bits "
+            f"(for {fmt.name}, cast and convert to its torch dtype instead)"
+        )
+    nan = torch.isnan(r)
+    if not fmt.has_nan and bool(nan.any()):
+        raise ValueError(f"{fmt.name} has no NaN code, and the input holds NaN")
+    negative = torch.signbit(r)  # before NaN is replaced: a NaN keeps its sign bit
+    r = torch.where(nan, 0.0, r)
+    if fmt.is_integer:
+        return (r.to(torch.int64) & ((1 << fmt.bits) - 1)).to(torch.uint8)
+
+    mag = r.abs()
+    e = exponent_of(mag).clamp(fmt.emin, fmt.emax)
+    normal = mag >= fmt.min_normal
+    exp_field = torch.where(normal, e + fmt.bias, 0)
+    # mantissa field = |r| / quantum − implicit leading one (normals); exact integers.
+    man = mag / exp2(torch.where(normal, e, fmt.emin) - fmt.man_bits)
+    man = man.to(torch.int64) - torch.where(normal, 1 << fmt.man_bits, 0)
+    code = (exp_field << fmt.man_bits) | man
+    if fmt.has_inf:
+        code = torch.where(torch.isinf(mag), fmt.inf_code, code)
+    if fmt.has_nan:
+        code = torch.where(nan, fmt.nan_code, code)
+    if fmt.signed:
+        code = code | (negative.to(torch.int64) << (fmt.exp_bits + fmt.man_bits))
+    return code.to(torch.uint8)
+
+
+def encode(x: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
+    """One uint8 code per element of `x`, after a round-to-nearest-even saturating cast."""
+    fmt = get_format(fmt)
+    check_float_tensor(x)
+    return values_to_codes(round_to_format(x.detach().to(torch.float64), fmt), fmt)
+
+
+def decode(codes: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
+    """Values (float32) of uint8 codes of `fmt`."""
+    fmt = get_format(fmt)
+    if not isinstance(codes, torch.Tensor) or codes.is_floating_point() or codes.is_complex():
+        raise TypeError("codes must be an integer tensor (uint8 codes from encode)")
+    table = torch.tensor(fmt.code_values(), dtype=torch.float32, device=codes.device)
+    idx = codes.to(torch.int64)
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= len(table)):
+        raise ValueError(f"codes out of range for {fmt.name}: must lie in [0, {len(table) - 1}]")
+    return table[idx]
+
+
+def _group(bits: int) -> tuple[int, int]:
+    """(codes per group, bytes per group) for packing `bits`-wide codes."""
+    if bits not in (4, 6, 8):
+        raise ValueError(f"packing supports 4-, 6- and 8-bit codes, not {bits}-bit")
+    nbits = math.lcm(bits, 8)
+    return nbits // bits, nbits // 8
+
+
+def packed_size(n: int, bits: int) -> int:
+    """Bytes that `n` codes of `bits` bits take when packed."""
+    per, nbytes = _group(bits)
+    return -(-n // per) * nbytes
+
+
+def _bits_of(fmt_or_bits: int | str | FloatFormat) -> int:
+    return fmt_or_bits if isinstance(fmt_or_bits, int) else get_format(fmt_or_bits).bits
+
+
+def pack(codes: torch.Tensor, fmt: int | str | FloatFormat) -> torch.Tensor:
+    """Pack uint8 codes along the last dimension (format or bit width: 4, 6 or 8)."""
+    bits = _bits_of(fmt)
+    per, nbytes = _group(bits)
+    if per == 1:
+        return codes.to(torch.uint8)
+    n = codes.shape[-1]
+    pad = -n % per
+    c = torch.nn.functional.pad(codes.to(torch.int32), (0, pad))
+    c = c.reshape(*c.shape[:-1], c.shape[-1] // per, per)  # (..., groups, codes per group)
+    shifts = torch.arange(per, device=c.device, dtype=torch.int32) * bits
+    word = (c << shifts).sum(-1)  # the fields do not overlap, so the sum is an OR
+    byte_shifts = torch.arange(nbytes, device=c.device, dtype=torch.int32) * 8
+    out = (word.unsqueeze(-1) >> byte_shifts) & 0xFF  # (..., groups, bytes per group)
+    return out.reshape(*codes.shape[:-1], out.shape[-2] * nbytes).to(torch.uint8)
+
+
+def unpack(packed: torch.Tensor, fmt: int | str | FloatFormat, n: int) -> torch.Tensor:
+    """Inverse of `pack`: the first `n` codes of each row along the last dimension."""
+    bits = _bits_of(fmt)
+    per, nbytes = _group(bits)
+    if per == 1:
+        return packed[..., :n]
+    if packed.shape[-1] != packed_size(n, bits):
+        raise ValueError(
+            f"{packed.shape[-1]} packed bytes do not hold {n} codes of {bits} bits "
+            f"(expected {packed_size(n, bits)} bytes)"
+        )
+    b = packed.to(torch.int32).reshape(*packed.shape[:-1], packed.shape[-1] // nbytes, nbytes)
+    byte_shifts = torch.arange(nbytes, device=b.device, dtype=torch.int32) * 8
+    word = (b << byte_shifts).sum(-1, keepdim=True)
+    shifts = torch.arange(per, device=b.device, dtype=torch.int32) * bits
+    c = (word >> shifts) & ((1 << bits) - 1)
+    return c.reshape(*packed.shape[:-1], c.shape[-2] * per)[..., :n].to(torch.uint8)

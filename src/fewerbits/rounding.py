@@ -1,0 +1,140 @@
+"""The reference cast: put every element of a tensor on a format's grid, in plain torch.
+
+For a value x and a format with M mantissa bits, the grid spacing (quantum) at |x| is
+
+    q = 2^(max(floor(log2 |x|), emin) − M)          emin: the format's lowest regular binade
+
+so |x| = u · q with u a real number, and rounding means choosing an integer for u:
+
+    nearest      round half to even                     (IEEE default; ties go to the even code)
+    stochastic   floor(u) + [noise < u − floor(u)]      noise uniform on {0, 1, …, 2^24 − 1} / 2^24
+
+Stochastic rounding rounds up with probability (x − lo) / (hi − lo), exactly whenever that
+fraction is a multiple of 2^−24 (always for fp16/bf16/fp32 inputs landing in a normal binade of
+the target; otherwise it is biased by less than 2^−24). The noise is drawn as 24-bit integers
+from an optional `torch.Generator`, so a seeded generator reproduces a draw bit for bit.
+
+Then overflow: with `saturate=True` (the default) finite values above `max` and ±inf become
+±max; with `saturate=False` they become ±inf (formats with inf) or NaN (fp8_e4m3). Formats with
+neither (fp6, fp4, integers) cannot express an overflow, so `saturate=False` is an error there.
+
+NaN stays NaN. For fp6, fp4 and the integers, which have no NaN code, the returned float32 is
+still NaN (nothing is silently turned into a number) and `encode` refuses it; block-scaled
+quantization instead stores a NaN *scale* for a block that holds NaN or ±inf (see quantize.py).
+e8m0 is unsigned and has no zero: zero, negative values and NaN become NaN, positive values
+below 2^−127 become 2^−127. Integers have no negative zero: −0.3 rounds to +0.
+
+Everything is computed in float64, where each step above is exact: dividing by a power of two,
+rounding to an integer and multiplying back lose nothing for any fp32 (or float64) input. We do
+not call `tensor.to(torch.float8_e4m3fn)`: before torch 2.12 that cast gives NaN above 464
+instead of saturating.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from .formats import FloatFormat, get_format
+
+Rounding = Literal["nearest", "stochastic"]
+ROUNDINGS = ("nearest", "stochastic")
+NOISE_BITS = 24  #: resolution of the stochastic-rounding noise
+
+
+def check_float_tensor(x: torch.Tensor, what: str = "x") -> None:
+    """TypeError unless `x` is a real floating-point tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point() or x.is_complex():
+        raise TypeError(f"{what} must be a real floating-point tensor, got dtype {x.dtype}")
+
+
+def check_rounding(rounding: str) -> None:
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+
+
+def exponent_of(mag: torch.Tensor) -> torch.Tensor:
+    """floor(log2 |v|) of a float64 tensor from its exponent field (int64; −1023 for 0)."""
+    return ((mag.view(torch.int64) >> 52) & 0x7FF) - 1023
+
+
+def exp2(k: torch.Tensor) -> torch.Tensor:
+    """2^k as float64 for integer k in [−1022, 1023], built from the bit pattern (exact)."""
+    return ((k.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
+def draw_noise(shape, device, generator: torch.Generator | None) -> torch.Tensor:
+    """Uniform noise on {0, …, 2^24 − 1} / 2^24, float64, for stochastic rounding."""
+    bits = torch.randint(
+        0, 1 << NOISE_BITS, tuple(shape), generator=generator, device=device, dtype=torch.int32
+    )
+    return bits.to(torch.float64) * 2.0**-NOISE_BITS
+
+
+def round_to_format(
+    v: torch.Tensor,
+    fmt: FloatFormat,
+    *,
+    noise: torch.Tensor | None = None,
+    saturate: bool = True,
+) -> torch.Tensor:
+    """Round a float64 tensor onto `fmt`'s grid (float64 out). `noise` given: stochastic."""
+    mag = v.abs()
+    # Clamp the binade into [emin, emax + 1]: below emin the spacing is the subnormal one;
+    # anything in binade emax + 1 or above overflows whatever it rounds to.
+    e = exponent_of(mag).clamp(fmt.emin, fmt.emax + 1)
+    quantum = exp2(e - fmt.man_bits)
+    units = mag / quantum  # exact: division by a power of two
+    if noise is None:
+        units = torch.round(units)  # half to even
+    else:
+        low = torch.floor(units)
+        units = low + (noise < units - low).to(torch.float64)
+    r = units * quantum
+    if not fmt.has_zero:  # e8m0: the smallest value stands in for everything below it
+        r = r.clamp(min=fmt.min_subnormal)
+
+    over = r > fmt.max  # includes |v| = inf; NaN compares False
+    if saturate:
+        r = torch.where(over, fmt.max, r)
+    else:
+        r = torch.where(over, torch.inf if fmt.has_inf else torch.nan, r)
+
+    if fmt.is_integer:  # two's complement has no negative zero
+        r = torch.where(r == 0, 0.0, torch.copysign(r, v))
+    elif fmt.signed:
+        r = torch.copysign(r, v)
+    else:
+        r = torch.where(v > 0, r, torch.nan)
+    return torch.where(torch.isnan(v), v, r)  # NaN keeps its sign bit
+
+
+def cast(
+    x: torch.Tensor,
+    fmt: str | FloatFormat,
+    *,
+    rounding: Rounding = "nearest",
+    saturate: bool = True,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Round `x` onto the grid of `fmt`; returns a float32 tensor of x's shape.
+
+    rounding: "nearest" (round half to even) or "stochastic" (up with probability
+    (x − lo)/(hi − lo); reproducible with `generator`). saturate: finite overflow and ±inf go to
+    ±max (default); otherwise to ±inf or NaN, for formats that have them. See the module
+    docstring for NaN and for e8m0.
+    """
+    fmt = get_format(fmt)
+    check_float_tensor(x)
+    check_rounding(rounding)
+    if not saturate and not (fmt.has_inf or fmt.has_nan):
+        raise ValueError(
+            f"{fmt.name} has neither inf nor NaN, so an overflow cannot be represented: "
+            "use saturate=True"
+        )
+    noise = draw_noise(x.shape, x.device, generator) if rounding == "stochastic" else None
+    v = x.detach().to(torch.float64)
+    return round_to_format(v, fmt, noise=noise, saturate=saturate).to(torch.float32)

@@ -1,0 +1,106 @@
+"""Stochastic rounding: one of the two neighbours, unbiased, reproducible, different per draw."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fewerbits import FORMATS, cast, fake_quantize
+from conftest import ORACLE
+
+SR_FORMATS = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "bf16", "fp16"]
+
+
+def neighbours(x: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi): the grid values around each x, from the oracle's grid (x inside the range)."""
+    fmt = FORMATS[name]
+    if fmt.bits <= 8:
+        grid = np.array(sorted({v for v in fmt.code_values() if np.isfinite(v)}))
+    else:  # every finite value of the 16-bit format
+        codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+        with np.errstate(invalid="ignore"):
+            grid = codes.view(ORACLE[name]).astype(np.float64)
+        grid = np.unique(grid[np.isfinite(grid)])
+    i = np.searchsorted(grid, x, side="right") - 1
+    lo = grid[i]
+    hi = np.where(lo == x, lo, grid[np.minimum(i + 1, len(grid) - 1)])
+    return lo, hi
+
+
+@pytest.mark.parametrize("name", SR_FORMATS)
+def test_always_one_of_the_two_neighbours(name, rng):
+    fmt = FORMATS[name]
+    top = min(fmt.max, 1e4)
+    x = (rng.uniform(-top, top, 100_000) * rng.choice([1, 1e-2, 1e-4], 100_000)).astype(np.float32)
+    gen = torch.Generator().manual_seed(1)
+    got = cast(torch.from_numpy(x), name, rounding="stochastic", generator=gen).double().numpy()
+    lo, hi = neighbours(x.astype(np.float64), name)
+    assert ((got == lo) | (got == hi)).all()
+    assert (got == hi).any() and (got == lo).any() and (lo != hi).any()
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("fp4_e2m1", 2.3), ("fp4_e2m1", -0.1), ("fp4_e2m1", 5.9), ("fp8_e4m3", 0.3),
+     ("fp8_e4m3", 1e-3), ("fp8_e5m2", -1234.5), ("fp6_e2m3", 0.06), ("bf16", 1.0 + 2**-9),
+     ("fp16", 3.14159)],
+)
+def test_unbiased(name, value):
+    """The mean of N draws is within 5 standard errors of x (false-alarm odds ~ 6e-7)."""
+    n = 400_000
+    x = torch.full((n,), value, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    draws = cast(x, name, rounding="stochastic", generator=gen).double()
+    lo, hi = (float(v[0]) for v in neighbours(np.array([np.float32(value)], np.float64), name))
+    p = (float(np.float32(value)) - lo) / (hi - lo)  # probability of rounding up
+    assert 0 < p < 1
+    std_err = (hi - lo) * math.sqrt(p * (1 - p) / n)
+    assert abs(draws.mean().item() - float(np.float32(value))) < 5 * std_err
+    assert set(draws.unique().tolist()) == {lo, hi}
+
+
+def test_round_to_nearest_is_biased_where_stochastic_is_not():
+    x = torch.full((200_000,), 2.3)  # nearest always gives 2.0 in e2m1
+    assert cast(x, "fp4_e2m1").mean().item() == 2.0
+    sr = cast(x, "fp4_e2m1", rounding="stochastic", generator=torch.Generator().manual_seed(0))
+    assert abs(sr.mean().item() - 2.3) < 0.01
+
+
+def test_values_on_the_grid_are_kept():
+    x = torch.tensor(sorted(v for v in FORMATS["fp4_e2m1"].code_values()))
+    assert torch.equal(cast(x.repeat(1000), "fp4_e2m1", rounding="stochastic"), x.repeat(1000))
+
+
+def test_reproducible_with_a_seed_and_different_across_draws():
+    x = torch.randn(10_000) * 3
+    a = cast(x, "fp4_e2m1", rounding="stochastic", generator=torch.Generator().manual_seed(3))
+    b = cast(x, "fp4_e2m1", rounding="stochastic", generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+    gen = torch.Generator().manual_seed(3)
+    first = cast(x, "fp4_e2m1", rounding="stochastic", generator=gen)
+    second = cast(x, "fp4_e2m1", rounding="stochastic", generator=gen)
+    assert torch.equal(first, a) and not torch.equal(first, second)
+    other = cast(x, "fp4_e2m1", rounding="stochastic", generator=torch.Generator().manual_seed(4))
+    assert not torch.equal(a, other)
+
+
+def test_saturates_at_max():
+    x = torch.tensor([5.99, 7.0, 100.0, -float("inf")])
+    got = cast(x, "fp4_e2m1", rounding="stochastic", generator=torch.Generator().manual_seed(0))
+    assert got[1:].tolist() == [6.0, 6.0, -6.0] and got[0].item() in (4.0, 6.0)
+
+
+@pytest.mark.parametrize("scheme", ["mxfp4", "nvfp4", "fp8_e4m3_tensor"])
+def test_block_scaled_quantization_is_unbiased(scheme):
+    """With the scale fixed by each row's amax, the mean of many SR draws approaches x."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 64)
+    x[0, 0] = 4.0  # pins the amax, so every draw has the same scales
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.stack(
+        [fake_quantize(x, scheme, rounding="stochastic", generator=gen) for _ in range(4000)]
+    )
+    nearest_err = (fake_quantize(x, scheme) - x).abs().mean()
+    sr_bias = (draws.mean(0) - x).abs().mean()
+    assert sr_bias < nearest_err / 5
