@@ -1,0 +1,214 @@
+"""The reference quantizer: `quantize(x, scheme) -> QuantizedTensor`, in plain torch.
+
+THIS IS THE SPEC. Every fast kernel must produce the same codes and scales bit for bit.
+
+    x (any shape) ── move `axis` last, flatten the rest ──► X (R, C), float32
+    X ── zero-pad to whole blocks ──► (R/br, br, C/bc, bc) view, one scale per block
+       amax per block (over real elements: the zero padding never raises an amax)
+       scale per block (scaling.py: fp32 amax/max, power of two, or NVFP4 two-level)
+       elements: cast(X / scale) (two-level: cast(X × enc)), saturating, to the element format
+    codes ── packed along the last dimension (fp4: 2 per byte, fp6: 4 per 3 bytes) ──► data
+
+`axis` names the dimension the blocks run along: the GEMM's inner dimension. The default, the
+last one, is the row-wise copy; `axis=0` on a (M, K) matrix gives the column-wise copy that a
+backward GEMM needs, stored as the (K, M) matrix with blocks along M, with no transpose by the
+caller. Either way `dequantize()` returns a tensor of the original shape and layout.
+
+Stochastic rounding draws one noise value per element of X, in X's row-major order.
+
+A block whose amax is NaN or ±inf stores zero codes and a NaN scale (scaling.py), so it
+dequantizes to NaN whatever its element format can express. An empty tensor round-trips.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .codes import decode, pack, packed_size, unpack, values_to_codes
+from .rounding import Rounding, check_float_tensor, check_rounding, draw_noise, round_to_format
+from .scaling import amax_scale, block_amax, pow2_scale, two_level_scales
+from .schemes import Scheme, get_scheme
+
+
+@dataclass
+class QuantizedTensor:
+    """The stored form of a quantized tensor: packed codes, scales, and how to read them."""
+
+    data: torch.Tensor  #: uint8 (R, packed C): element codes, blocked axis last, packed
+    scale: torch.Tensor  #: (R/br, C/bc) block scales: float32 (fp32) or uint8 codes (e8m0, e4m3)
+    scheme: Scheme  #: how it was quantized
+    shape: torch.Size  #: shape of the original tensor
+    axis: int  #: dimension of the original tensor that the blocks run along (non-negative)
+    tensor_scale: torch.Tensor | None = None  #: fp32 per-tensor decode scale (two-level only)
+
+    @property
+    def matrix_shape(self) -> tuple[int, int]:
+        """(R, C) of the 2-D view that was quantized: C is the length of `axis`."""
+        return _matrix_shape(self.shape, self.axis)
+
+    @property
+    def nbytes(self) -> int:
+        """True storage size: packed data, block scales and the per-tensor scale."""
+        extra = self.tensor_scale.nbytes if self.tensor_scale is not None else 0
+        return self.data.nbytes + self.scale.nbytes + extra
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def codes(self) -> torch.Tensor:
+        """Unpacked element codes, (R, C) uint8."""
+        return unpack(self.data, self.scheme.elem, self.matrix_shape[1])
+
+    def block_scales(self) -> torch.Tensor:
+        """Decode scale of each block as float32 (without the per-tensor scale)."""
+        if self.scale.dtype == torch.uint8:
+            return decode(self.scale, self.scheme.scale_fmt)
+        return self.scale
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """data × scale (× the per-tensor scale), in the original shape, as `dtype`."""
+        rows, cols = self.matrix_shape
+        values = decode(self.codes(), self.scheme.elem)
+        br, bc = _block_shape(self.scheme, rows, cols)
+        values = _blocked(values, br, bc) * self.block_scales()[:, None, :, None]
+        values = _unblocked(values)[:rows, :cols]
+        if self.tensor_scale is not None:
+            values = values * self.tensor_scale
+        return _from_matrix(values, self.shape, self.axis).to(dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantizedTensor({self.scheme.name}: {self.scheme.describe()}, "
+            f"shape={tuple(self.shape)}, axis={self.axis}, nbytes={self.nbytes})"
+        )
+
+
+def quantize(
+    x: torch.Tensor,
+    scheme: str | Scheme,
+    *,
+    scale_rule: str | None = None,
+    rounding: Rounding = "nearest",
+    generator: torch.Generator | None = None,
+    axis: int = -1,
+) -> QuantizedTensor:
+    """Quantize `x` by `scheme` (a name from SCHEMES or a Scheme).
+
+    scale_rule: override the scheme's rule ("amax", "floor", "rceil", "ceil", "even"; on fp32
+    scales a power-of-two rule gives power-of-two fp32 scales). rounding: "nearest" or
+    "stochastic" (noise from `generator`). axis: the dimension the blocks run along.
+    """
+    check_float_tensor(x)
+    check_rounding(rounding)
+    scheme = get_scheme(scheme, scale_rule)
+    axis = _normalize_axis(axis, x.dim())
+    X = _to_matrix(x.detach(), axis)
+    rows, cols = X.shape
+    br, bc = _block_shape(scheme, rows, cols)
+    blocks = _blocked(X, br, bc)  # (R/br, br, C/bc, bc), zero padded
+    amax = block_amax(blocks)
+    tensor_scale = None
+
+    if scheme.two_level:
+        tensor_amax = amax.amax() if amax.numel() else amax.new_zeros(())
+        scales, tensor_scale, enc = two_level_scales(amax, tensor_amax, scheme.elem, scheme.scale_fmt)
+        scaled = (blocks * enc[:, None, :, None]).double()  # the product is rounded in fp32
+    elif scheme.pow2:
+        scales = pow2_scale(amax, scheme.elem, scheme.scale_rule, scheme.scale_fmt)
+        scaled = blocks.double() / scales[:, None, :, None]  # exact: a power of two
+    else:
+        scales = amax_scale(amax, scheme.elem)
+        scaled = (blocks / scales[:, None, :, None]).double()  # the quotient is rounded in fp32
+
+    scaled = _unblocked(scaled)[:rows, :cols]
+    noise = draw_noise((rows, cols), x.device, generator) if rounding == "stochastic" else None
+    values = round_to_format(scaled, scheme.elem, noise=noise)
+    finite = torch.isfinite(scales)  # a NaN-scale block keeps zero codes
+    finite = finite.repeat_interleave(br, 0).repeat_interleave(bc, 1)[:rows, :cols]
+    values = torch.where(finite, values, 0.0)
+
+    if scheme.scale_fmt.bits <= 8:
+        stored = values_to_codes(scales.double(), scheme.scale_fmt)
+    else:
+        stored = scales.float()
+    return QuantizedTensor(
+        data=pack(values_to_codes(values, scheme.elem), scheme.elem),
+        scale=stored,
+        scheme=scheme,
+        shape=x.shape,
+        axis=axis,
+        tensor_scale=tensor_scale,
+    )
+
+
+def fake_quantize(x: torch.Tensor, scheme: str | Scheme, *, dtype=torch.float32, **kwargs):
+    """quantize(x, scheme, **kwargs).dequantize(dtype): the values a GEMM would see."""
+    return quantize(x, scheme, **kwargs).dequantize(dtype)
+
+
+def quantized_nbytes(shape, scheme: str | Scheme, axis: int = -1) -> int:
+    """Bytes that quantize() stores for a tensor of `shape`, without quantizing anything."""
+    scheme = get_scheme(scheme)
+    shape = torch.Size(shape)
+    axis = _normalize_axis(axis, len(shape))
+    rows, cols = _matrix_shape(shape, axis)
+    br, bc = _block_shape(scheme, rows, cols)
+    n_scales = -(-rows // br) * -(-cols // bc)
+    scale_bytes = n_scales * (1 if scheme.scale_fmt.bits <= 8 else 4)
+    return rows * packed_size(cols, scheme.elem.bits) + scale_bytes + (4 if scheme.two_level else 0)
+
+
+# -- the 2-D view -------------------------------------------------------------------------------
+
+
+def _normalize_axis(axis: int, ndim: int) -> int:
+    if ndim == 0:
+        if axis not in (0, -1):
+            raise ValueError(f"axis {axis} is out of range for a 0-d tensor")
+        return 0
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for a {ndim}-d tensor")
+    return axis % ndim
+
+
+def _matrix_shape(shape: torch.Size, axis: int) -> tuple[int, int]:
+    """(R, C): C the length of `axis`, R the product of the other dimensions."""
+    if len(shape) == 0:
+        return 1, 1
+    return math.prod(s for i, s in enumerate(shape) if i != axis), shape[axis]
+
+
+def _to_matrix(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """(R, C) float32 view of x with `axis` last (a copy where the layout needs one)."""
+    if x.dim() == 0:
+        return x.float().reshape(1, 1)
+    return x.movedim(axis, -1).float().reshape(_matrix_shape(x.shape, axis))
+
+
+def _from_matrix(m: torch.Tensor, shape: torch.Size, axis: int) -> torch.Tensor:
+    if len(shape) == 0:
+        return m.reshape(())
+    moved = [s for i, s in enumerate(shape) if i != axis] + [shape[axis]]
+    return m.reshape(moved).movedim(-1, axis)
+
+
+def _block_shape(scheme: Scheme, rows: int, cols: int) -> tuple[int, int]:
+    """The scheme's block with -1 resolved to the whole extent (at least 1)."""
+    br, bc = scheme.block
+    return (max(rows, 1) if br == -1 else br), (max(cols, 1) if bc == -1 else bc)
+
+
+def _blocked(m: torch.Tensor, br: int, bc: int) -> torch.Tensor:
+    """Zero-pad (R, C) to whole blocks and view it as (R/br, br, C/bc, bc)."""
+    rows, cols = m.shape
+    padded = torch.nn.functional.pad(m, (0, -cols % bc, 0, -rows % br))
+    return padded.reshape(padded.shape[0] // br, br, padded.shape[1] // bc, bc)
+
+
+def _unblocked(b: torch.Tensor) -> torch.Tensor:
+    """(R/br, br, C/bc, bc) back to the padded (R, C) matrix."""
+    return b.reshape(b.shape[0] * b.shape[1], b.shape[2] * b.shape[3])

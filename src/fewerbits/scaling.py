@@ -1,0 +1,124 @@
+"""Scales: how the amax of a block becomes its decode scale (dequantized = data × scale).
+
+fp32, rule "amax" (per tensor, row, 1x128, 128x128):
+
+    scale = amax / max_elem            one fp32 division; elements are cast(x / scale)
+    clamped below at fp32's smallest normal, so an all-zero block gets the smallest scale
+
+Power-of-two rules (E8M0 for OCP MX; also allowed for fp32 scales), emax_elem the exponent of
+the element format's largest binade (8 e4m3, 15 e5m2, 4 e3m2, 2 e2m3, 2 e2m1):
+
+    floor   2^(floor(log2 amax) − emax_elem)        OCP MX v1.0. The block max lands in the top
+                                                    binade; values above max_elem saturate
+    ceil    2^(ceil(log2 amax) − emax_elem)
+    even    as floor, after rounding amax to the element's mantissa width (half to even)
+    rceil   2^ceil(log2(amax / max_elem))           cuBLAS / Transformer Engine / the MXFP8
+                                                    pre-training recipe: nothing saturates.
+                                                    Computed as TE does: v = amax × fp32(1/max_elem)
+                                                    in fp32, then the exponent of v rounded up
+
+The exponent is clamped to the scale format's range ([−127, 127] for E8M0, [−126, 127] for
+fp32); amax = 0 therefore gives the smallest scale and the block stays zero. Elements are
+cast(x / scale), exact because the scale is a power of two.
+
+Two-level E4M3 + fp32 (NVFP4; arXiv 2509.25149, bit-compatible with Transformer Engine's
+reference quantizer), for element max m_e (6) and scale max m_s (448), all in fp32:
+
+    s_enc   = min(m_s · m_e / amax_tensor, FLT_MAX);  1.0 if amax_tensor is 0, inf or NaN
+    s_dec   = 1 / s_enc                               the stored per-tensor decode scale
+    scale_b = e4m3(clamp(amax_b × (s_enc × fp32(1/m_e)), ±448))   round half to even
+    enc_b   = min(1 / (scale_b × s_dec), FLT_MAX)     elements are cast(x × enc_b)
+    dequantized = (data × scale_b) × s_dec
+
+Under every rule, a block whose amax is NaN or ±inf gets a NaN scale, so the whole block
+dequantizes to NaN: the failure stays visible instead of being clipped to a finite value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .formats import FORMATS, FloatFormat
+from .rounding import exp2, exponent_of, round_to_format
+
+FP32 = FORMATS["fp32"]
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32, device=like.device)
+
+
+def _reciprocal_f32(value: float, like: torch.Tensor) -> torch.Tensor:
+    """fp32(1 / value), the division done in fp32 as a kernel would."""
+    return _f32(1.0, like) / _f32(value, like)
+
+
+def _nan_where_not_finite(scale: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(amax), scale, torch.nan)
+
+
+def amax_scale(amax: torch.Tensor, elem: FloatFormat) -> torch.Tensor:
+    """fp32 decode scale amax / max_elem (rule "amax"), float32."""
+    scale = (amax.float() / _f32(elem.max, amax)).clamp(min=FP32.min_normal)
+    return _nan_where_not_finite(scale, amax)
+
+
+def pow2_exponent(amax: torch.Tensor, elem: FloatFormat, rule: str) -> torch.Tensor:
+    """Unclamped exponent k (int64) of the power-of-two scale 2^k for each amax (float32)."""
+    positive = amax > 0
+    a = torch.where(positive, amax.float(), 1.0)  # keep log2 finite; zeros are fixed below
+    if rule == "rceil":
+        v = (a * _reciprocal_f32(elem.max, amax)).double()  # the product is rounded in fp32
+        e = exponent_of(v)
+        k = e + (v > exp2(e)).long()
+    else:
+        a = a.double()
+        if rule == "even":
+            a = round_to_format(a, _unbounded(elem))
+        e = exponent_of(a)
+        if rule == "ceil":
+            e = e + (a > exp2(e)).long()
+        elif rule not in ("floor", "even"):
+            raise ValueError(f"not a power-of-two rule: {rule!r}")
+        k = e - elem.emax
+    return torch.where(positive, k, torch.iinfo(torch.int32).min)
+
+
+def _unbounded(elem: FloatFormat) -> FloatFormat:
+    """A format with elem's mantissa width and an exponent range wide enough for any fp32."""
+    return FloatFormat(f"{elem.name}_unbounded", 11, elem.man_bits, 1023, "ieee")
+
+
+def pow2_scale(
+    amax: torch.Tensor, elem: FloatFormat, rule: str, scale_fmt: FloatFormat
+) -> torch.Tensor:
+    """Power-of-two decode scales (float64), exponent clamped to `scale_fmt`'s range."""
+    k = pow2_exponent(amax, elem, rule).clamp(scale_fmt.emin, scale_fmt.emax)
+    return _nan_where_not_finite(exp2(k), amax)
+
+
+def two_level_scales(
+    block_amax: torch.Tensor, tensor_amax: torch.Tensor, elem: FloatFormat, scale_fmt: FloatFormat
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """NVFP4 scales: (block scales on the E4M3 grid, per-tensor s_dec, per-block enc), float32."""
+    tensor_amax = tensor_amax.float()
+    s_enc = torch.clamp(_f32(scale_fmt.max * elem.max, tensor_amax) / tensor_amax, max=FLT_MAX)
+    degenerate = (tensor_amax == 0) | ~torch.isfinite(s_enc) | (s_enc == 0)
+    s_enc = torch.where(degenerate, _f32(1.0, s_enc), s_enc)
+    s_dec = 1.0 / s_enc
+    multiplier = s_enc * _reciprocal_f32(elem.max, s_enc)
+    raw = torch.clamp(block_amax.float() * multiplier, max=FLT_MAX)
+    raw = raw.clamp(-scale_fmt.max, scale_fmt.max)
+    block = round_to_format(raw.double(), scale_fmt).float()
+    block = _nan_where_not_finite(block, block_amax)
+    enc = torch.clamp(1.0 / (block * s_dec), max=FLT_MAX)
+    return block, s_dec, enc
+
+
+def block_amax(blocks: torch.Tensor) -> torch.Tensor:
+    """amax over the (rows, cols) of each block of a (nbr, br, nbc, bc) view; NaN propagates."""
+    if blocks.numel() == 0:
+        return blocks.new_zeros(blocks.shape[0], blocks.shape[2])
+    return blocks.abs().amax(dim=(1, 3))
+

@@ -1,0 +1,328 @@
+"""quantize / dequantize against the independent oracle, worked examples, edge cases, errors."""
+
+import numpy as np
+import pytest
+import torch
+
+from fewerbits import (
+    SCHEMES,
+    QuantizedTensor,
+    Scheme,
+    decode,
+    fake_quantize,
+    get_scheme,
+    quantize,
+    quantized_nbytes,
+)
+from conftest import assert_same_bits
+from oracle import quantize_oracle
+
+MX = [n for n, s in SCHEMES.items() if s.scale_fmt.name == "e8m0"]
+FP32_SCALED = [n for n, s in SCHEMES.items() if s.scale_fmt.name == "fp32"]
+BLOCK_LOCAL = [n for n, s in SCHEMES.items() if s.block != (-1, -1)]
+
+
+def hard_matrix(rows: int, cols: int, seed: int = 0, specials: bool = True) -> np.ndarray:
+    """Gaussian rows at scales 2^-30 … 2^30, zero blocks, tiny and huge values, NaN and inf."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, cols)) * np.ldexp(1.0, rng.integers(-30, 31, (rows, 1)))
+    x[0, :] = 0.0  # an all-zero row: zero blocks for every 1-row scheme
+    x[1, :5] = [448.0, 464.0, -3.5, 6.0, 1e-40]
+    x[2, :] *= 1e-38  # subnormal-range values
+    x[3:19, 16:48] = 0.0  # zero blocks for 2-D schemes
+    if specials:
+        x[4, 3], x[5, 40] = np.nan, -np.inf
+    return x.astype(np.float32)
+
+
+def case_list():
+    cases = []
+    for name, s in SCHEMES.items():
+        rules = ("floor", "rceil", "ceil", "even") if name in MX else (s.scale_rule,)
+        if name in FP32_SCALED:
+            rules = ("amax", "rceil", "floor")
+        cases += [(name, r) for r in rules]
+    return cases
+
+
+@pytest.mark.parametrize("name, rule", case_list())
+@pytest.mark.parametrize("shape", [(37, 100), (130, 260)])
+def test_matches_independent_oracle(name, rule, shape):
+    scheme = get_scheme(name, rule)
+    x = hard_matrix(*shape, specials=name in BLOCK_LOCAL)
+    expected, scales, tensor_scale = quantize_oracle(x, scheme)
+    q = quantize(torch.from_numpy(x), scheme)
+    assert_same_bits(q.block_scales(), scales)
+    assert_same_bits(q.dequantize(), expected, x)
+    if scheme.two_level:
+        assert_same_bits(q.tensor_scale, np.float32(tensor_scale))
+
+
+@pytest.mark.parametrize(
+    "scheme",
+    [Scheme("fp8_e5m2", (1, 64), "e8m0", "rceil"), Scheme("fp6_e3m2", (8, 8), "fp32"),
+     Scheme("fp4_e2m1", (1, 32), "fp8_e4m3"), Scheme("int8", (1, -1), "fp32"),
+     Scheme("int4", (1, 32), "e8m0", "floor")],
+    ids=lambda s: s.describe(),
+)
+def test_user_schemes_match_oracle(scheme):
+    x = hard_matrix(40, 96, seed=3, specials=scheme.block != (1, -1))
+    expected, scales, _ = quantize_oracle(x, scheme)
+    q = quantize(torch.from_numpy(x), scheme)
+    assert_same_bits(q.block_scales(), scales)
+    assert_same_bits(q.dequantize(), expected, x)
+
+
+# -- worked examples ---------------------------------------------------------------------------
+
+
+def mx_block(amax_value: float, n: int = 32) -> torch.Tensor:
+    x = torch.zeros(1, n)
+    x[0, 0] = amax_value
+    return x
+
+
+@pytest.mark.parametrize(
+    "rule, scale, element, value",
+    [("floor", 0.5, 6.0, 3.0),  # 3.5 / 0.5 = 7 > 6: saturates
+     ("rceil", 1.0, 4.0, 4.0),  # 3.5 / 1 = 3.5: a tie between 3 and 4, to the even code
+     ("ceil", 1.0, 4.0, 4.0),  # 2^(ceil(log2 3.5) - 2) = 1
+     ("even", 1.0, 4.0, 4.0)],  # 3.5 rounds to 4 at one mantissa bit; 2^(2 - 2) = 1
+)
+def test_mxfp4_amax_3_5(rule, scale, element, value):
+    q = quantize(mx_block(3.5), "mxfp4", scale_rule=rule)
+    assert q.block_scales().item() == scale
+    assert decode(q.codes(), "fp4_e2m1")[0, 0].item() == element
+    assert q.dequantize()[0, 0].item() == value
+
+
+@pytest.mark.parametrize(
+    "rule, exponent", [("floor", 0), ("ceil", 1), ("even", 1), ("rceil", 1)]
+)
+def test_mxfp8_amax_500(rule, exponent):
+    """floor: 2^(8 - 8) = 1 and 500 saturates to 448; the other rules pick 2 (500 → 250 → 256)."""
+    q = quantize(mx_block(500.0), "mxfp8_e4m3", scale_rule=rule)
+    assert q.scale.item() == 127 + exponent  # the E8M0 code
+    assert q.dequantize()[0, 0].item() == (448.0 if exponent == 0 else 512.0)
+
+
+def test_mx_rule_boundaries():
+    # amax exactly max · 2^k: rceil gives 2^k (nothing saturates), floor gives 2^(k-1)·… too
+    assert quantize(mx_block(448.0), "mxfp8_e4m3", scale_rule="rceil").block_scales().item() == 1
+    assert quantize(mx_block(449.0), "mxfp8_e4m3", scale_rule="rceil").block_scales().item() == 2
+    assert quantize(mx_block(511.9), "mxfp8_e4m3", scale_rule="floor").block_scales().item() == 1
+    assert quantize(mx_block(512.0), "mxfp8_e4m3", scale_rule="floor").block_scales().item() == 2
+    assert quantize(mx_block(6.0), "mxfp4", scale_rule="rceil").block_scales().item() == 1
+    # floor never raises the scale for small amax: the block max lands in the top binade
+    q = quantize(mx_block(0.75), "mxfp4")
+    assert q.block_scales().item() == 2.0**-3 and q.dequantize()[0, 0].item() == 0.75
+
+
+def test_nvfp4_two_level_worked_example():
+    """Tensor amax 10, one block with amax 3 (DESIGN.md §3, Transformer Engine's arithmetic).
+
+    s_enc = 2688 / 10 = 268.8; the block scale 3 · 268.8 / 6 = 134.4 rounds to E4M3 128 (the
+    E4M3 grid steps by 16 between 128 and 256); elements are scaled by 1 / (128 · (1 / 268.8))
+    = 2.1 and rounded to E2M1. The second block holds the tensor amax: its scale is 448.
+    """
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 1], x[0, 16] = 3.0, -1.0, 10.0
+    q = quantize(x, "nvfp4")
+    f32 = np.float32
+    s_enc = f32(2688) / f32(10)
+    assert q.tensor_scale.item() == f32(1) / s_enc
+    assert q.block_scales().tolist() == [[128.0, 448.0]]
+    enc = f32(1) / (f32(128) * (f32(1) / s_enc))
+    assert abs(float(enc) - 2.1) < 1e-5
+    codes = decode(q.codes(), "fp4_e2m1")[0]
+    assert codes[0].item() == 6.0  # 3 · 2.1 = 6.3 saturates to 6
+    assert codes[1].item() == -2.0  # −2.1 → −2
+    assert codes[16].item() == 6.0  # the tensor max lands on 6 · 448
+    deq = q.dequantize()[0]
+    assert deq[0].item() == (f32(6) * f32(128)) * (f32(1) / s_enc)  # 2.857: 3 lost 5%
+    assert abs(deq[16].item() - 10.0) < 1e-5
+
+
+def test_nvfp4_16x16_blocks_share_one_scale():
+    x = torch.randn(32, 32)
+    q = quantize(x, "nvfp4_16x16")
+    assert q.scale.shape == (2, 2)
+    amax = x.abs().reshape(2, 16, 2, 16).amax(dim=(1, 3))
+    assert torch.equal(q.block_scales().argmax(), amax.argmax())
+
+
+def test_power_of_two_fp32_scales():
+    x = torch.randn(8, 64) * 37
+    q = quantize(x, "fp8_e4m3_row", scale_rule="rceil")
+    s = q.block_scales()
+    assert torch.equal(s, torch.exp2(torch.log2(s).round()))
+    assert (x.abs().amax(1, keepdim=True) / s <= 448).all()  # rceil never saturates
+    plain = quantize(x, "fp8_e4m3_row").block_scales()
+    assert torch.equal(plain, (x.abs().amax(1, keepdim=True) / 448).float())
+
+
+# -- edge cases ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_all_zero_gives_smallest_scale_and_stays_zero(name):
+    q = quantize(torch.zeros(20, 50), name)
+    assert torch.equal(q.dequantize(), torch.zeros(20, 50))
+    smallest = {"fp32": 2.0**-126, "e8m0": 2.0**-127, "fp8_e4m3": 0.0}[q.scheme.scale_fmt.name]
+    assert (q.block_scales() == smallest).all()
+    if q.scheme.two_level:
+        assert q.tensor_scale.item() == 1.0  # s_enc falls back to 1 for an all-zero tensor
+
+
+@pytest.mark.parametrize("name", BLOCK_LOCAL)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nan_or_inf_poisons_its_block_only(name, bad):
+    torch.manual_seed(0)
+    x = torch.randn(64, 256)
+    x[5, 7] = bad
+    q = quantize(x, name)
+    deq = q.dequantize()
+    br, bc = (n if b == -1 else b for b, n in zip(q.scheme.block, x.shape))
+    nan_block = torch.zeros_like(x, dtype=torch.bool)
+    nan_block[5 // br * br:(5 // br + 1) * br, 7 // bc * bc:(7 // bc + 1) * bc] = True
+    assert torch.isnan(deq[nan_block]).all()
+    assert torch.isfinite(deq[~nan_block]).all()
+    assert torch.isnan(q.block_scales()).sum() == 1
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor"])
+def test_nan_in_per_tensor_scheme_gives_nan_everywhere(name):
+    x = torch.randn(16, 16)
+    x[3, 3] = float("nan")
+    assert torch.isnan(fake_quantize(x, name)).all()
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+@pytest.mark.parametrize("shape", [(0, 32), (5, 0), (0,), (17,), (3, 5, 33), ()])
+def test_shapes_round_trip(name, shape):
+    x = torch.randn(shape)
+    q = quantize(x, name)
+    deq = q.dequantize()
+    assert deq.shape == x.shape and deq.dtype == torch.float32
+    if x.numel():
+        flat = quantize(x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1), name)
+        assert torch.equal(deq.reshape(-1), flat.dequantize().reshape(-1))
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_non_contiguous_input(name):
+    x = torch.randn(96, 200)
+    a = quantize(x.t(), name)
+    b = quantize(x.t().contiguous(), name)
+    assert torch.equal(a.data, b.data) and torch.equal(a.scale, b.scale)
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_column_wise_copy_without_transposing(name):
+    """axis=0 quantizes along the rows' direction: the copy a backward GEMM needs."""
+    x = torch.randn(100, 72)
+    col = quantize(x, name, axis=0)
+    ref = quantize(x.t().contiguous(), name)
+    assert torch.equal(col.data, ref.data) and torch.equal(col.scale, ref.scale)
+    assert col.dequantize().shape == x.shape
+    assert torch.equal(col.dequantize(), ref.dequantize().t())
+    assert col.matrix_shape == (72, 100)
+
+
+def test_axis_on_nd_tensors():
+    x = torch.randn(4, 6, 64)
+    a = quantize(x, "mxfp8_e4m3", axis=1)
+    b = quantize(x.movedim(1, -1).contiguous(), "mxfp8_e4m3")
+    assert torch.equal(a.data, b.data)
+    assert torch.equal(a.dequantize(), b.dequantize().movedim(-1, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_input_dtypes(dtype):
+    x = torch.randn(32, 64)
+    q = quantize(x.to(dtype), "mxfp4")
+    assert torch.equal(q.data, quantize(x.to(dtype).float(), "mxfp4").data)
+    assert q.dequantize(torch.bfloat16).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_fake_quantize_is_quantize_then_dequantize(name):
+    x = torch.randn(33, 70)
+    assert torch.equal(fake_quantize(x, name), quantize(x, name).dequantize())
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    a = fake_quantize(x, name, rounding="stochastic", generator=g1, dtype=torch.bfloat16)
+    b = quantize(x, name, rounding="stochastic", generator=g2).dequantize(torch.bfloat16)
+    assert torch.equal(a, b)
+
+
+# -- storage -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+@pytest.mark.parametrize("shape", [(256, 512), (37, 100)])
+def test_true_size_in_bytes(name, shape):
+    q = quantize(torch.randn(shape), name)
+    assert isinstance(q, QuantizedTensor)
+    extra = 4 if q.scheme.two_level else 0
+    assert q.nbytes == q.data.nbytes + q.scale.nbytes + extra == quantized_nbytes(shape, name)
+    assert q.data.dtype == torch.uint8
+
+
+def test_sizes_of_a_4096_square():
+    n = 4096 * 4096
+    assert quantized_nbytes((4096, 4096), "mxfp4") == n // 2 + n // 32
+    assert quantized_nbytes((4096, 4096), "nvfp4") == n // 2 + n // 16 + 4
+    assert quantized_nbytes((4096, 4096), "mxfp6_e2m3") == n * 3 // 4 + n // 32
+    assert quantized_nbytes((4096, 4096), "fp8_e4m3_1x128") == n + n // 128 * 4
+    assert quantized_nbytes((4096, 4096), "fp8_e4m3_128x128") == n + n // 128 // 128 * 4
+    assert quantized_nbytes((4096, 4096), "fp8_e4m3_tensor") == n + 4
+
+
+def test_repr_names_the_scheme():
+    assert "mxfp4" in repr(quantize(torch.randn(4, 32), "mxfp4"))
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+
+def test_unknown_scheme_lists_valid_names():
+    with pytest.raises(ValueError, match="valid schemes: fp8_e4m3_tensor.*nvfp4_16x16"):
+        quantize(torch.randn(4, 4), "mxfp5")
+
+
+def test_type_errors():
+    with pytest.raises(TypeError, match="floating-point"):
+        quantize(torch.ones(4, 4, dtype=torch.int32), "mxfp4")
+    with pytest.raises(TypeError, match="floating-point"):
+        quantize(torch.ones(4, 4, dtype=torch.complex64), "mxfp4")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        quantize(np.ones((4, 4)), "mxfp4")
+
+
+def test_bad_scheme_arguments():
+    with pytest.raises(ValueError, match="unknown scale rule"):
+        quantize(torch.randn(4, 32), "mxfp4", scale_rule="round")
+    with pytest.raises(ValueError, match="power-of-two rule"):
+        quantize(torch.randn(4, 32), "mxfp4", scale_rule="amax")
+    with pytest.raises(ValueError, match="NVFP4 rule"):
+        quantize(torch.randn(4, 32), "nvfp4", scale_rule="floor")
+    with pytest.raises(ValueError, match="unknown rounding"):
+        quantize(torch.randn(4, 32), "mxfp4", rounding="truncate")
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        quantize(torch.randn(4, 32), "mxfp4", axis=2)
+    with pytest.raises(ValueError, match="scale format must be"):
+        Scheme("fp8_e4m3", (1, 32), "bf16")
+    with pytest.raises(ValueError, match="block must be"):
+        Scheme("fp8_e4m3", (0, 32))
+    with pytest.raises(ValueError, match="element format"):
+        Scheme("bf16", (1, 32))
+    with pytest.raises(ValueError, match="unknown format"):
+        Scheme("fp8_e4m4", (1, 32))
+
+
+def test_scheme_objects_are_frozen_and_described():
+    s = SCHEMES["mxfp8_e4m3"]
+    assert s.describe() == "fp8_e4m3, 1x32 blocks, e8m0 scales (floor)"
+    assert s.with_rule("rceil").scale_rule == "rceil" and s.scale_rule == "floor"
+    with pytest.raises(Exception):
+        s.block = (1, 16)
