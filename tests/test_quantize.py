@@ -143,12 +143,16 @@ def test_nvfp4_two_level_worked_example():
     assert abs(deq[16].item() - 10.0) < 1e-5
 
 
-def test_nvfp4_16x16_blocks_share_one_scale():
-    x = torch.randn(32, 32)
-    q = quantize(x, "nvfp4_16x16")
-    assert q.scale.shape == (2, 2)
-    amax = x.abs().reshape(2, 16, 2, 16).amax(dim=(1, 3))
-    assert torch.equal(q.block_scales().argmax(), amax.argmax())
+def test_nvfp4_16x16_blocks_span_rows():
+    """(0, 0) and (15, 15) share a 16x16 block: the 8 there sets the scale that 1 must use."""
+    x = torch.zeros(32, 32)
+    x[0, 0], x[15, 15], x[16, 16] = 1.0, 8.0, 2.0
+    q2d = quantize(x, "nvfp4_16x16")
+    assert q2d.scale.shape == (2, 2)
+    assert q2d.dequantize()[0, 0].item() != 1.0  # 1 · 6/8 = 0.75 is not on the E2M1 grid
+    assert q2d.block_scales()[0, 1].item() == 0.0 and q2d.block_scales()[1, 0].item() == 0.0
+    q1d = quantize(x, "nvfp4")  # row 0 is its own block: its amax 1 maps exactly onto 6
+    assert q1d.scale.shape == (32, 2) and q1d.dequantize()[0, 0].item() == 1.0
 
 
 def test_power_of_two_fp32_scales():

@@ -57,8 +57,9 @@ def _cell(key: str, v) -> str:
     return str(v)
 
 
-def print_table(rows: list[dict], headers: dict[str, str], out=sys.stdout) -> None:
+def print_table(rows: list[dict], headers: dict[str, str], out=None) -> None:
     """Plain-text table: `headers` maps row keys to column titles."""
+    out = out or sys.stdout
     cells = [[_cell(k, r[k]) for k in headers] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers.values())]
     line = lambda items: "  ".join(s.rjust(w) if i else s.ljust(w) for i, (s, w) in enumerate(zip(items, widths)))  # noqa: E731

@@ -22,16 +22,20 @@ import math
 import torch
 
 from .formats import FloatFormat, get_format
-from .rounding import check_float_tensor, exp2, exponent_of, round_to_format
+from .rounding import check_float_tensor, exp2, exponent_of, in_chunks, round_to_format
 
 
-def values_to_codes(r: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
-    """Codes (uint8) of float64 values that already lie on `fmt`'s grid (or are inf/NaN)."""
+def check_code_width(fmt: FloatFormat) -> None:
     if fmt.bits > 8:
         raise ValueError(
             f"{fmt.name} has {fmt.bits} bits; codes are uint8, for formats of at most 8 bits "
             f"(for {fmt.name}, cast and convert to its torch dtype instead)"
         )
+
+
+def values_to_codes(r: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Codes (uint8) of float64 values that already lie on `fmt`'s grid (or are inf/NaN)."""
+    check_code_width(fmt)
     nan = torch.isnan(r)
     if not fmt.has_nan and bool(nan.any()):
         raise ValueError(f"{fmt.name} has no NaN code, and the input holds NaN")
@@ -61,7 +65,8 @@ def encode(x: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
     """One uint8 code per element of `x`, after a round-to-nearest-even saturating cast."""
     fmt = get_format(fmt)
     check_float_tensor(x)
-    return values_to_codes(round_to_format(x.detach().to(torch.float64), fmt), fmt)
+    check_code_width(fmt)
+    return in_chunks(lambda v: values_to_codes(round_to_format(v.double(), fmt), fmt), x.detach())
 
 
 def decode(codes: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:

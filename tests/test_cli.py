@@ -1,0 +1,59 @@
+"""The command line, and the README's promises about it."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fewerbits import FORMATS
+from fewerbits.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_formats_table(capsys):
+    assert main(["formats", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    for name in FORMATS:
+        assert re.search(rf"^{name}\s", out, re.M), name
+    e4m3 = next(line for line in out.splitlines() if line.startswith("fp8_e4m3 "))
+    assert "448" in e4m3 and "2^-6" in e4m3 and "2^-9" in e4m3 and "17.8" in e4m3
+
+
+def test_formats_json_is_derived(capsys):
+    assert main(["formats", "--device", "cpu", "--json"]) == 0
+    rows = {r["format"]: r for r in json.loads(capsys.readouterr().out)["formats"]}
+    assert set(rows) == set(FORMATS)
+    for name, f in FORMATS.items():
+        assert rows[name]["max"] == f.max and rows[name]["bits"] == f.bits
+    assert rows["fp32"]["native_matmul"] is True and rows["e8m0"]["native_matmul"] is None
+    assert rows["fp4_e2m1"]["native_matmul"] is False  # no CPU has FP4 matrix units
+
+
+def test_bad_device_is_one_clear_line(capsys):
+    assert main(["formats", "--device", "tpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fewerbits: error:") and "\n" not in err
+
+
+def test_module_entry_point():
+    out = subprocess.run(
+        [sys.executable, "-m", "fewerbits", "formats", "--device", "cpu"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert "nvfp4" not in out and "fp4_e2m1" in out
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    readme = (ROOT / "README.md").read_text()
+    assert "pytest" in ci and f"\n{ci}\n" in readme
+
+
+@pytest.mark.parametrize("snippet", ["fewerbits formats"])
+def test_readme_main_command(snippet):
+    readme = (ROOT / "README.md").read_text()
+    assert re.search(r"pip install torch==2\.13\.0 -e \. && " + snippet, readme)
