@@ -118,6 +118,21 @@ def test_mx_rule_boundaries():
     assert q.block_scales().item() == 2.0**-3 and q.dequantize()[0, 0].item() == 0.75
 
 
+@pytest.mark.parametrize("elem", ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"])
+def test_rceil_fp32_product_is_exact_at_powers_of_two(elem):
+    """amax = max · 2^k gives exactly 2^k, though amax × fp32(1/max) is computed in fp32."""
+    from fewerbits import FORMATS
+    from fewerbits.scaling import pow2_exponent
+
+    fmt = FORMATS[elem]
+    ks = torch.arange(-120, 120)
+    amax = (fmt.max * torch.exp2(ks.double())).float()
+    ks, amax = ks[torch.isfinite(amax)], amax[torch.isfinite(amax)]
+    assert torch.equal(pow2_exponent(amax, fmt, "rceil"), ks)
+    above = torch.nextafter(amax, torch.tensor(float("inf")))
+    assert torch.equal(pow2_exponent(above, fmt, "rceil"), ks + 1)
+
+
 def test_nvfp4_two_level_worked_example():
     """Tensor amax 10, one block with amax 3 (DESIGN.md §3, Transformer Engine's arithmetic).
 
