@@ -102,7 +102,7 @@ def quantize(
     generator: torch.Generator | None = None,
     axis: int = -1,
 ) -> QuantizedTensor:
-    """Quantize `x` by `scheme` (a name from SCHEMES or a Scheme).
+    """Quantize `x` by `scheme` (a name from SCHEMES or a Scheme); x is first made float32.
 
     scale_rule: override the scheme's rule ("amax", "floor", "rceil", "ceil", "even"; on fp32
     scales a power-of-two rule gives power-of-two fp32 scales). rounding: "nearest" or
