@@ -66,3 +66,95 @@ def test_stochastic_rounding_on_cuda_is_unbiased_and_reproducible():
     assert abs(a.double().mean().item() - float(np.float32(2.3))) < 5 * np.sqrt(0.3 * 0.7 / 1e6)
     b = cast(x, "fp4_e2m1", rounding="stochastic", generator=torch.Generator("cuda").manual_seed(0))
     assert torch.equal(a, b)
+
+
+# -- scaled matmul: native against emulated ------------------------------------------------------
+
+import torch.nn as nn  # noqa: E402
+
+import fewerbits as fb  # noqa: E402
+from fewerbits.gemm import emulated_matmul, native_reason, scaled_matmul  # noqa: E402
+
+NATIVE_PAIRS = [
+    ("fp8_e4m3_tensor", "fp8_e4m3_tensor", None),
+    ("fp8_e5m2_tensor", "fp8_e4m3_tensor", None),
+    ("fp8_e4m3_row", "fp8_e4m3_row", None),
+    ("fp8_e4m3_row", "fp8_e4m3_row", "rceil"),
+    ("fp8_e4m3_1x128", "fp8_e4m3_128x128", None),
+    ("fp8_e4m3_1x128", "fp8_e4m3_1x128", None),
+]
+# The stated tolerance: both paths multiply the same quantized values with fp32 accumulation;
+# they differ only in summation order, so an fp32 result agrees to 1e-5 relative (Frobenius),
+# and a bf16 result to within one bf16 rounding step (2^-8 relative) per element.
+FP32_TOL = 1e-5
+
+
+@pytest.mark.parametrize("a_name, b_name, rule", NATIVE_PAIRS)
+@pytest.mark.parametrize("m, k, n", [(256, 512, 384), (384, 640, 256)])
+def test_native_equals_emulated(a_name, b_name, rule, m, k, n):
+    torch.manual_seed(0)
+    a = torch.randn(m, k, device="cuda") * torch.rand(m, 1, device="cuda") * 10
+    b = torch.randn(n, k, device="cuda")
+    qa, qb = fb.quantize(a, a_name, scale_rule=rule), fb.quantize(b, b_name, scale_rule=rule)
+    assert native_reason(qa, qb) is None
+    for out_dtype in (torch.float32, torch.bfloat16):
+        native = scaled_matmul(qa, qb, out_dtype=out_dtype, native=True).float()
+        emulated = emulated_matmul(qa, qb, out_dtype=out_dtype).float()
+        rel = ((native - emulated).norm() / emulated.norm()).item()
+        print(f"{a_name} x {b_name} ({rule}) {m}x{k}x{n} {out_dtype}: rel {rel:.2e}")
+        if out_dtype == torch.float32:
+            assert rel <= FP32_TOL
+        else:
+            assert ((native - emulated).abs() <= emulated.abs() * 2.0**-8 + 1e-30).all()
+    exact = a @ b.t()
+    assert ((native - exact).norm() / exact.norm()) < 0.05  # and it is the right product
+
+
+def test_native_column_wise_operands():
+    """dgrad and wgrad shapes: the column-wise copies go through the native kernels too."""
+    torch.manual_seed(0)
+    g, w, x = (torch.randn(512, 256, device="cuda"), torch.randn(256, 384, device="cuda"),
+               torch.randn(512, 384, device="cuda"))
+    for tile, block in (("fp8_e4m3_1x128", "fp8_e4m3_128x128"), ("fp8_e4m3_row", "fp8_e4m3_row")):
+        dgrad = scaled_matmul(fb.quantize(g, tile), fb.quantize(w, block, axis=0), out_dtype=torch.float32, native=True)
+        wgrad = scaled_matmul(fb.quantize(g, tile, axis=0), fb.quantize(x, tile, axis=0), out_dtype=torch.float32, native=True)
+        assert ((dgrad - g @ w).norm() / (g @ w).norm()) < 0.05
+        assert ((wgrad - g.t() @ x).norm() / (g.t() @ x).norm()) < 0.05
+
+
+def test_native_refusals_are_explained():
+    q4 = fb.quantize(torch.randn(64, 64, device="cuda"), "mxfp4")
+    q8 = fb.quantize(torch.randn(64, 64, device="cuda"), "fp8_e5m2_tensor")
+    assert "no native kernel" in native_reason(q4, q4)
+    assert "E5M2 × E5M2" in native_reason(q8, q8)
+    with pytest.raises(RuntimeError, match="native=False to emulate"):
+        scaled_matmul(q4, q4, native=True)
+    odd = fb.quantize(torch.randn(64, 100, device="cuda"), "fp8_e4m3_tensor")
+    assert "multiples of 16" in native_reason(odd, odd)
+
+
+@pytest.mark.parametrize("name", list(fb.RECIPES))
+def test_every_recipe_trains_on_cuda(name):
+    torch.manual_seed(0)
+    layer = fb.QuantizedLinear(512, 384, recipe=name).cuda()
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    y.float().square().mean().backward()
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+    assert torch.isfinite(layer.weight.grad).all() and torch.isfinite(x.grad).all()
+    ref = nn.functional.linear(x.float(), layer.weight)
+    cos = nn.functional.cosine_similarity(y.float().flatten(), ref.flatten(), dim=0)
+    assert cos > 0.95
+
+
+def test_inductor_compiles_a_converted_model_on_cuda():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 512)).cuda()
+    fb.convert(model, "fp8_tensorwise", policy=fb.Policy(keep=(), min_features=0))
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    eager = model(x)
+    out = torch.compile(model)(x)
+    out.float().sum().backward()
+    rel = ((out.float() - eager.float()).norm() / eager.float().norm()).item()
+    assert rel < 1e-2

@@ -37,7 +37,7 @@ def values_to_codes(r: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     """Codes (uint8) of float64 values that already lie on `fmt`'s grid (or are inf/NaN)."""
     check_code_width(fmt)
     nan = torch.isnan(r)
-    if not fmt.has_nan and bool(nan.any()):
+    if not fmt.has_nan and not torch.compiler.is_compiling() and bool(nan.any()):
         raise ValueError(f"{fmt.name} has no NaN code, and the input holds NaN")
     negative = torch.signbit(r)  # before NaN is replaced: a NaN keeps its sign bit
     r = torch.where(nan, 0.0, r)
@@ -76,7 +76,8 @@ def decode(codes: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
         raise TypeError("codes must be an integer tensor (uint8 codes from encode)")
     table = torch.tensor(fmt.code_values(), dtype=torch.float32, device=codes.device)
     idx = codes.to(torch.int64)
-    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= len(table)):
+    checked = idx.numel() and not torch.compiler.is_compiling()  # no data-dependent check in a graph
+    if checked and (int(idx.min()) < 0 or int(idx.max()) >= len(table)):
         raise ValueError(f"codes out of range for {fmt.name}: must lie in [0, {len(table) - 1}]")
     return table[idx]
 

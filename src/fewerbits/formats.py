@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+
 from typing import Literal
 
 import torch
@@ -88,13 +88,13 @@ class FloatFormat:
         """
         return 1 - self.bias if self.subnormals else -self.bias
 
-    @cached_property
+    @property
     def max_code(self) -> int:
         """The largest magnitude code that is a finite number."""
         reserved = {"ieee": 1 << self.man_bits, "fn": 1, "none": 0}[self.specials]
         return (1 << (self.exp_bits + self.man_bits)) - 1 - reserved
 
-    @cached_property
+    @property
     def max(self) -> float:
         """Largest finite value."""
         return self.decode_magnitude(self.max_code)
@@ -168,15 +168,16 @@ class FloatFormat:
         """Value of every code 0 … 2^bits − 1 (for formats of at most 8 bits)."""
         if self.bits > 8:
             raise ValueError(f"{self.name} has {self.bits} bits; code tables exist for ≤ 8 bits")
-        return list(_code_values(self))
+        key = (self.exp_bits, self.man_bits, self.bias, self.specials, self.signed, self.subnormals)
+        if key not in _CODE_VALUES:
+            _CODE_VALUES[key] = tuple(self.decode_code(c) for c in range(1 << self.bits))
+        return list(_CODE_VALUES[key])
 
     def __str__(self) -> str:
         return self.name
 
 
-@lru_cache(maxsize=None)
-def _code_values(fmt: FloatFormat) -> list[float]:
-    return [fmt.decode_code(c) for c in range(1 << fmt.bits)]
+_CODE_VALUES: dict[tuple, tuple[float, ...]] = {}  # by layout, filled on first use
 
 
 def _fmt(name, e, m, bias, specials, dtype=None, **kw) -> FloatFormat:
@@ -201,6 +202,11 @@ FORMATS: dict[str, FloatFormat] = {
         _fmt("int4", 0, 3, 1 - 3, "none"),
     )
 }
+
+
+for _f in FORMATS.values():  # fill the code tables now, so that no traced graph mutates them
+    if _f.bits <= 8:
+        _f.code_values()
 
 
 def get_format(fmt: str | FloatFormat) -> FloatFormat:

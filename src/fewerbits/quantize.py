@@ -78,13 +78,23 @@ class QuantizedTensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """data × scale (× the per-tensor scale), in the original shape, as `dtype`."""
+        return _from_matrix(self.dequantize_matrix(), self.shape, self.axis).to(dtype)
+
+    def dequantize_matrix(
+        self, dtype: torch.dtype = torch.float32, *, tensor_scale: bool = True
+    ) -> torch.Tensor:
+        """The (R, C) matrix as stored (blocked axis last), dequantized; computed in float32.
+
+        tensor_scale=False leaves out the per-tensor scale of two-level schemes (a GEMM applies
+        it to its fp32 result instead).
+        """
         rows, cols = self.matrix_shape
         br, bc = _block_shape(self.scheme, rows, cols)
         values = decode(self.codes(), self.scheme.elem)
         values = values * _per_element(self.block_scales(), br, bc, 0, rows, cols)
-        if self.tensor_scale is not None:
+        if tensor_scale and self.tensor_scale is not None:
             values = values * self.tensor_scale
-        return _from_matrix(values, self.shape, self.axis).to(dtype)
+        return values.to(dtype)
 
     def __repr__(self) -> str:
         return (
@@ -101,12 +111,16 @@ def quantize(
     rounding: Rounding = "nearest",
     generator: torch.Generator | None = None,
     axis: int = -1,
+    amax: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Quantize `x` by `scheme` (a name from SCHEMES or a Scheme); x is first made float32.
 
     scale_rule: override the scheme's rule ("amax", "floor", "rceil", "ceil", "even"; on fp32
     scales a power-of-two rule gives power-of-two fp32 scales). rounding: "nearest" or
     "stochastic" (noise from `generator`). axis: the dimension the blocks run along.
+    amax: use this amax instead of the tensor's own to set the scales (one value per block,
+    or one for all: delayed scaling); values beyond it saturate. A block that holds NaN or
+    ±inf still gets a NaN scale.
     """
     check_float_tensor(x)
     check_rounding(rounding)
@@ -115,7 +129,11 @@ def quantize(
     X = _to_matrix(x.detach(), axis)
     rows, cols = X.shape
     br, bc = _block_shape(scheme, rows, cols)
-    amax = block_amax(_blocked(X, br, bc))  # (R/br, C/bc)
+    actual = block_amax(_blocked(X, br, bc))  # (R/br, C/bc)
+    if amax is None:
+        amax = actual
+    else:
+        amax = torch.where(torch.isfinite(actual), amax.float().to(X.device), actual)
     tensor_scale = None
 
     # Per block: the scale to store, and the factor the elements are divided or multiplied by.
@@ -147,7 +165,7 @@ def quantize(
             _per_element(factor, br, bc, r0, r1, cols),
             None if noise is None else noise[r0:r1],
         )
-        for r0, r1 in _row_chunks(rows, cols)
+        for r0, r1 in _row_chunks(rows, cols, X.device)
     ]
     codes = torch.cat(codes) if codes else X.new_zeros(rows, cols, dtype=torch.uint8)
 
@@ -199,7 +217,7 @@ def _matrix_shape(shape: torch.Size, axis: int) -> tuple[int, int]:
     """(R, C): C the length of `axis`, R the product of the other dimensions."""
     if len(shape) == 0:
         return 1, 1
-    return math.prod(s for i, s in enumerate(shape) if i != axis), shape[axis]
+    return math.prod([s for i, s in enumerate(shape) if i != axis]), shape[axis]
 
 
 def _to_matrix(x: torch.Tensor, axis: int) -> torch.Tensor:
@@ -237,7 +255,9 @@ def _per_element(per_block: torch.Tensor, br: int, bc: int, r0: int, r1: int, co
     return per_block[row_block][:, col_block]
 
 
-def _row_chunks(rows: int, cols: int):
-    """(r0, r1) ranges of whole rows holding about CHUNK_ELEMENTS elements each."""
-    step = max(1, CHUNK_ELEMENTS // max(cols, 1))
+def _row_chunks(rows: int, cols: int, device: torch.device):
+    """(r0, r1) ranges of whole rows holding about CHUNK_ELEMENTS elements each (on a CPU;
+    a GPU takes 256 times more per slice, where launches, not caches, are the cost)."""
+    per_chunk = CHUNK_ELEMENTS * (256 if device.type == "cuda" else 1)
+    step = max(1, per_chunk // max(cols, 1))
     return [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]

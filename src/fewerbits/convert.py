@@ -1,0 +1,189 @@
+"""convert(model, recipe): swap nn.Linear for QuantizedLinear in place, and say what each got.
+
+The model never mentions precision; precision arrives here, after the model is built. The
+default policy keeps in high precision what the field agrees should stay there:
+
+    the output head (lm_head, output), embeddings, MoE routers / gates    by name (fnmatch on
+                                                                          the full name or the
+                                                                          last component)
+    the last `keep_last_blocks` of the transformer blocks                 the recipe's default
+                                                                          (nvfp4: 15%, rounded)
+    the first `keep_first_blocks` blocks                                  0 by default
+    on a native FP8 path (a Hopper GPU), Linears the kernel cannot take   dims not multiples of
+    (or that are too small to gain from it)                               16 (128 for blockwise),
+                                                                          or under min_features
+
+The transformer blocks are the children of the largest nn.ModuleList that holds Linears
+(`model.layers`, `transformer.h`, ...). Every Linear gets a row in the report: its name, shape,
+what it got and why. Converting twice is harmless: a QuantizedLinear is left as it is.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from .linear import QuantizedLinear
+from .recipes import Recipe, get_recipe
+
+DEFAULT_KEEP = ("lm_head", "output", "*embed*", "gate", "router", "*.router.*")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Which Linears a conversion leaves in high precision."""
+
+    keep: tuple[str, ...] = DEFAULT_KEEP  #: name patterns kept in high precision
+    extra_keep: tuple[str, ...] = ()  #: more patterns, added to `keep`
+    keep_first_blocks: int = 0  #: the first N transformer blocks stay in high precision
+    keep_last_blocks: int | float | None = None  #: N blocks, a fraction, or None: the recipe's default
+    min_features: int = 256  #: on native FP8 paths, smaller Linears are kept (too small to gain)
+    native: bool | str = "auto"  #: passed to every QuantizedLinear
+    save_quantized_input: bool = False  #: passed to every QuantizedLinear
+
+    def matches(self, name: str) -> str | None:
+        """The first pattern that keeps `name`, if any."""
+        last = name.rsplit(".", 1)[-1]
+        for pat in self.keep + self.extra_keep:
+            if fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(last, pat):
+                return pat
+        return None
+
+
+@dataclass
+class LayerReport:
+    name: str
+    in_features: int
+    out_features: int
+    got: str  #: the recipe name, or the high-precision dtype it stays in
+    reason: str
+
+
+@dataclass
+class ConversionReport:
+    """What convert() did to every Linear of the model."""
+
+    recipe: str
+    layers: list[LayerReport] = field(default_factory=list)
+
+    @property
+    def converted(self) -> list[LayerReport]:
+        return [r for r in self.layers if r.got == self.recipe]
+
+    @property
+    def kept(self) -> list[LayerReport]:
+        return [r for r in self.layers if r.got != self.recipe]
+
+    def __str__(self) -> str:
+        head = ("layer", "in", "out", "precision", "why")
+        rows = [(r.name, str(r.in_features), str(r.out_features), r.got, r.reason) for r in self.layers]
+        widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(head)]
+        fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+        lines = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+        summary = f"{len(self.converted)} of {len(self.layers)} Linear layers converted to {self.recipe}"
+        return "\n".join(lines + [summary])
+
+
+def _blocks(model: nn.Module) -> tuple[str, int] | None:
+    """(name, length) of the ModuleList that holds the transformer blocks, if there is one."""
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and name:
+            n = sum(any(isinstance(m, nn.Linear) for m in child.modules()) for child in mod)
+            if n and (best is None or n > best[2]):
+                best = (name, len(mod), n)
+    return None if best is None else best[:2]
+
+
+def _native_fp8(recipe: Recipe, device: torch.device) -> bool:
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+        return False
+    ops = [op for g in (recipe.fprop, recipe.dgrad, recipe.wgrad) for op in (g.a, g.b)]
+    return any(op.scheme is not None and op.scheme.elem.name.startswith("fp8") and op.scheme.scale_fmt.name == "fp32" for op in ops)
+
+
+def _native_granule(recipe: Recipe) -> int:
+    blocks = {op.scheme.block for g in (recipe.fprop, recipe.dgrad, recipe.wgrad) for op in (g.a, g.b) if op.scheme}
+    return 128 if any(128 in b for b in blocks) else 16
+
+
+def convert(
+    model: nn.Module,
+    recipe: str | Recipe,
+    *,
+    policy: Policy | None = None,
+    device: torch.device | str | None = None,
+) -> ConversionReport:
+    """Swap the model's nn.Linear modules for QuantizedLinear (in place) per `policy`.
+
+    device: where the model will run (default: where its parameters are), which decides whether
+    the native-FP8 shape rules apply.
+    """
+    recipe = get_recipe(recipe)
+    policy = policy or Policy()
+    if device is None:
+        first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+    device = torch.device(device)
+    report = ConversionReport(recipe.name)
+    hp = str(recipe.compute_dtype).removeprefix("torch.")
+
+    blocks = _blocks(model)
+    kept_blocks: dict[int, str] = {}
+    if blocks is not None:
+        n = blocks[1]
+        last = policy.keep_last_blocks
+        if last is None:
+            last = recipe.keep_last_blocks
+        n_last = round(last * n) if isinstance(last, float) else int(last)
+        for i in range(min(policy.keep_first_blocks, n)):
+            kept_blocks[i] = f"one of the first {policy.keep_first_blocks} blocks"
+        for i in range(max(0, n - n_last), n):
+            kept_blocks[i] = f"one of the last {n_last} of {n} blocks"
+    block_re = re.compile(rf"^{re.escape(blocks[0])}\.(\d+)\.") if blocks else None
+    native = _native_fp8(recipe, device) and policy.native is not False
+    granule = _native_granule(recipe)
+
+    if isinstance(model, nn.Linear):
+        raise ValueError(
+            "convert() swaps the Linears inside a model; for a bare nn.Linear use "
+            "QuantizedLinear.from_linear(linear, recipe)"
+        )
+    for name, mod in list(model.named_modules()):
+        if not isinstance(mod, nn.Linear):
+            continue
+        row = LayerReport(name, mod.in_features, mod.out_features, hp, "")
+        report.layers.append(row)
+        if isinstance(mod, QuantizedLinear):
+            row.got, row.reason = mod.recipe.name, "already converted"
+            continue
+        match = policy.matches(name)
+        m = block_re.match(name) if block_re else None
+        if match is not None:
+            row.reason = f"policy keeps {match!r}"
+        elif m and int(m.group(1)) in kept_blocks:
+            row.reason = kept_blocks[int(m.group(1))]
+        elif native and (mod.in_features % granule or mod.out_features % granule):
+            row.reason = f"native FP8 needs dims divisible by {granule}"
+        elif native and min(mod.in_features, mod.out_features) < policy.min_features:
+            row.reason = f"smaller than {policy.min_features}: too small to gain from FP8"
+        else:
+            row.got, row.reason = recipe.name, "converted"
+            q = QuantizedLinear.from_linear(
+                mod, recipe, native=policy.native, save_quantized_input=policy.save_quantized_input
+            )
+            _set_submodule(model, name, q)
+    if not report.layers:
+        warnings.warn("convert(): the model has no nn.Linear; nothing was converted", stacklevel=2)
+    return report
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)

@@ -1,0 +1,184 @@
+"""Scaled matmul of two quantized operands: native FP8 on Hopper, exact emulation elsewhere.
+
+`scaled_matmul(a, b)` computes  C = A · Bᵀ  where A is a's (M, K) matrix and B is b's (N, K)
+matrix, both quantized along K (their `matrix_shape` ends in K). This one form serves all three
+GEMMs of a Linear, because `quantize(..., axis=0)` stores the column-wise copies as the
+transposed matrix:
+
+    output      = input  @ weightᵀ      a = input (M, K),         b = weight (N, K)
+    grad_input  = grad   @ weight       a = grad (M, N),          b = weight, axis=0 → (K, N)
+    grad_weight = gradᵀ  @ input        a = grad, axis=0 → (N, M), b = input, axis=0 → (K, M)
+
+Native paths (CUDA capability 9.x, cuBLAS through torch), FP8 elements with fp32 scales:
+
+    tensor × tensor     torch._scaled_mm, one scale each          (E4M3 or E5M2, not E5M2×E5M2)
+    row × row           torch._scaled_mm, scale_a (M, 1), scale_b (1, N)     (E4M3 only)
+    1x128 × 128x128     F.scaled_mm BlockWise1x128 × BlockWise128x128        (E4M3 only)
+    1x128 × 1x128       F.scaled_mm BlockWise1x128 × BlockWise1x128          (E4M3 only)
+
+    layouts: mat_a = A (M, K) row-major; mat_b = Bᵀ, i.e. B (N, K) row-major seen as (K, N)
+    column-major, no copy. 1x128 scales are (rows, K/128) with stride (1, rows); 128x128 scales
+    are padded to a multiple of 4 blocks along K and passed as (K/128, N/128), stride (1, K/128).
+
+Everything else (MXFP8/6/4, NVFP4, and any scheme on CPU) is emulated: dequantize, then one
+matmul with fp32 accumulation. On a GPU the dequantized operands are bf16 where that is exact —
+FP8/FP6/FP4 values times power-of-two scales, and NVFP4's E2M1 × E4M3 products, whose fp32
+per-tensor scales are applied to the fp32 result as the hardware does — otherwise fp32 (with
+TF32 off). On a CPU every emulated GEMM is an fp32 matmul of exact fp32 operands.
+
+`native="auto"` takes the native path when the device and the shapes allow it and emulates
+otherwise; `native=True` insists (an error names the device and says why), `native=False`
+always emulates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from .quantize import QuantizedTensor
+
+FP8 = ("fp8_e4m3", "fp8_e5m2")
+
+
+def _kind(q: QuantizedTensor) -> str | None:
+    """The cuBLAS scaling kind of one operand, or None if no native kernel takes it."""
+    s = q.scheme
+    if s.elem.name not in FP8 or s.scale_fmt.name != "fp32":
+        return None
+    return {(-1, -1): "tensor", (1, -1): "row", (1, 128): "1x128", (128, 128): "128x128"}.get(
+        s.block
+    )
+
+
+def native_reason(a: QuantizedTensor, b: QuantizedTensor) -> str | None:
+    """Why a · bᵀ cannot run natively here (None if it can)."""
+    dev = a.device
+    if dev.type != "cuda":
+        return f"device {dev} has no FP8 matrix units (native FP8 needs a CUDA GPU of capability 9.x)"
+    cap = torch.cuda.get_device_capability(dev)
+    name = torch.cuda.get_device_name(dev)
+    if cap[0] != 9:
+        return f"{name} (sm_{cap[0]}{cap[1]}) is not a Hopper GPU; fewerbits' native FP8 paths are measured on sm_90"
+    ka, kb = _kind(a), _kind(b)
+    pair = (ka, kb)
+    elems = (a.scheme.elem.name, b.scheme.elem.name)
+    if None in pair:
+        return f"no native kernel for {a.scheme.name} × {b.scheme.name}"
+    (m, k), (n, k2) = a.matrix_shape, b.matrix_shape
+    if k != k2:
+        raise ValueError(f"inner dimensions differ: {a.matrix_shape} · {b.matrix_shape}ᵀ")
+    if pair == ("tensor", "tensor"):
+        if elems == ("fp8_e5m2", "fp8_e5m2"):
+            return "cuBLAS has no E5M2 × E5M2 kernel"
+        if k % 16 or n % 16:
+            return f"K={k} and N={n} must be multiples of 16 for torch._scaled_mm"
+        return None
+    if "fp8_e5m2" in elems:
+        return f"{ka} × {kb} scaling takes E4M3 operands only"
+    if pair == ("row", "row"):
+        return f"K={k} and N={n} must be multiples of 16 for torch._scaled_mm" if k % 16 or n % 16 else None
+    if pair in (("1x128", "128x128"), ("1x128", "1x128")):
+        if not hasattr(F, "scaled_mm"):
+            return f"torch {torch.__version__} has no torch.nn.functional.scaled_mm"
+        if k % 128 or n % 128 or m % 128:
+            return f"M={m}, N={n} and K={k} must be multiples of 128 for blockwise FP8"
+        return None
+    return f"no native kernel for {ka} × {kb} scaling"
+
+
+def scaled_matmul(
+    a: QuantizedTensor,
+    b: QuantizedTensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    native: bool | str = "auto",
+) -> torch.Tensor:
+    """C = A · Bᵀ for two quantized operands, fp32 accumulation, output in `out_dtype`."""
+    if a.matrix_shape[1] != b.matrix_shape[1]:
+        raise ValueError(f"inner dimensions differ: {a.matrix_shape} · {b.matrix_shape}ᵀ")
+    if native not in ("auto", True, False):
+        raise ValueError(f"native must be 'auto', True or False, not {native!r}")
+    if native is not False:
+        reason = native_reason(a, b)
+        if reason is None:
+            return _native(a, b, out_dtype)
+        if native is True:
+            raise RuntimeError(f"native scaled matmul unavailable: {reason}; use native=False to emulate")
+    return emulated_matmul(a, b, out_dtype)
+
+
+# -- native -------------------------------------------------------------------------------------
+
+
+def _fp8(q: QuantizedTensor) -> torch.Tensor:
+    return q.data.view(q.scheme.elem.torch_dtype)
+
+
+def _native(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype) -> torch.Tensor:
+    mat_a, mat_b = _fp8(a), _fp8(b).t()  # (M, K) row-major; (K, N) column-major, no copy
+    kind = (_kind(a), _kind(b))
+    if kind[0] in ("tensor", "row"):
+        sa, sb = a.scale, b.scale
+        if kind[0] == "tensor":
+            sa, sb = sa.reshape(()), sb.reshape(())
+        else:
+            sa, sb = sa.reshape(-1, 1), sb.reshape(1, -1)  # (M, 1), (1, N)
+        return torch._scaled_mm(mat_a, mat_b, sa, sb, out_dtype=out_dtype)
+    st = F.ScalingType
+    sa = a.scale.t().contiguous().t()  # (M, K/128), stride (1, M)
+    if kind[1] == "1x128":
+        sb, recipe_b = b.scale.t().contiguous().t(), st.BlockWise1x128
+    else:
+        pad = -b.scale.shape[1] % 4  # cuBLAS wants the K/128 blocks padded to a multiple of 4
+        sb, recipe_b = F.pad(b.scale, (0, pad)).t(), st.BlockWise128x128  # (K/128, N/128)
+    return F.scaled_mm(mat_a, mat_b, sa, st.BlockWise1x128, sb, recipe_b, output_dtype=out_dtype)
+
+
+# -- emulated -----------------------------------------------------------------------------------
+
+
+def _bf16_exact(q: QuantizedTensor) -> bool:
+    """Are q's dequantized values (without a per-tensor scale) exact in bf16?"""
+    s = q.scheme
+    return s.elem.man_bits <= 3 and (s.pow2 or s.two_level)
+
+
+@contextlib.contextmanager
+def full_fp32():
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def emulated_matmul(a: QuantizedTensor, b: QuantizedTensor, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """A · Bᵀ from the dequantized operands with fp32 accumulation (see the module docstring)."""
+    on_gpu = a.device.type == "cuda"
+    if on_gpu and _bf16_exact(a) and _bf16_exact(b):
+        A = a.dequantize_matrix(torch.bfloat16, tensor_scale=False)
+        B = b.dequantize_matrix(torch.bfloat16, tensor_scale=False)
+        out = mm_fp32_out(A, B.t())
+    else:
+        A = a.dequantize_matrix(tensor_scale=False)
+        B = b.dequantize_matrix(tensor_scale=False)
+        with full_fp32():
+            out = A @ B.t()
+    for q in (a, b):  # per-tensor scales (NVFP4) multiply the fp32 accumulator
+        if q.tensor_scale is not None:
+            out = out * q.tensor_scale
+    return out.to(out_dtype)
+
+
+def mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 × bf16/fp16 with fp32 accumulation and an fp32 result."""
+    if a.is_cuda and _HAS_MM_OUT_DTYPE:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()  # the products of bf16 values are exact in fp32
+
+
+_HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")

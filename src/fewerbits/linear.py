@@ -1,0 +1,229 @@
+"""QuantizedLinear: nn.Linear whose three GEMMs run in the precision a recipe gives them.
+
+One autograd.Function holds the three GEMMs of y = x · Wᵀ + b, with x flattened to (M, K),
+W (N, K) and the gradient g = dL/dy flattened to (M, N):
+
+    forward    output      = input @ weight_t         inner dimension K
+               (M, K) · (N, K)ᵀ → (M, N)               input and weight quantized along K
+    backward   grad_input  = grad_output @ weight      inner dimension N
+               (M, N) · (K, N)ᵀ → (M, K)               the weight's column-wise copy: along N
+               grad_weight = grad_output_t @ input     inner dimension M (tokens)
+               (N, M) · (K, M)ᵀ → (N, K)               both column-wise copies: along M
+
+Every quantized operand is made from the high-precision tensor along that GEMM's inner
+dimension (`quantize(t, scheme, axis=0)` for the column-wise copies); a GEMM with a Hadamard
+transform applies it to both of its operands along the inner dimension first. The bias stays
+in high precision; `grad_weight` is produced in the weight's dtype (fp32 master weights),
+`grad_input` and the output in the input's (like nn.Linear; a model whose activations are
+bf16 gets bf16 out, an fp32 model fp32, whatever the GEMMs ran in).
+
+What is saved for backward: the weight (the parameter itself, no copy) and the input in the
+compute dtype — or, with `save_quantized_input=True`, only the input's column-wise quantized
+copy for the weight-gradient GEMM, which is what that GEMM needs and all it needs.
+
+Delayed scaling (`fp8_delayed`) keeps, per tensor role (input, weight, grad_output), an amax
+history and the amax the next quantization uses, as buffers: they are saved and restored with
+`state_dict()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn as nn
+
+from .gemm import full_fp32, mm_fp32_out, scaled_matmul
+from .quantize import QuantizedTensor, quantize
+from .recipes import DelayedScaling, Gemm, Operand, Recipe, get_recipe
+
+ROLES = ("input", "weight", "grad_output")
+
+
+class DelayedScalingState(nn.Module):
+    """Amax histories (one row per role) and the amax each role's next quantization uses.
+
+    Transformer Engine's order: a tensor is quantized with the amax chosen after the previous
+    step; its own amax then goes into the history, the next amax is max(history) (or the most
+    recent one), and the history window moves on by one.
+    """
+
+    def __init__(self, config: DelayedScaling, recipe: Recipe):
+        super().__init__()
+        self.config = config
+        ops = (recipe.fprop.a, recipe.fprop.b, recipe.dgrad.a)
+        self.register_buffer("amax_history", torch.zeros(len(ROLES), config.history_len))
+        # amax = the element max makes the first decode scale exactly 1, as TE initialises it
+        self.register_buffer("amax", torch.tensor([op.scheme.elem.max for op in ops]))
+
+    def amax_for(self, role: str) -> torch.Tensor:
+        """The amax (with the margin) that quantizes `role` now; a copy, safe to keep."""
+        return self.amax[ROLES.index(role)].clone() * 2.0**self.config.margin
+
+    @torch.no_grad()
+    def record(self, role: str, t: torch.Tensor) -> None:
+        r = ROLES.index(role)
+        history = self.amax_history[r]
+        history[0] = t.abs().amax().float()
+        new = history.max() if self.config.amax_compute == "max" else history[0].clone()
+        # keep the previous amax when the new one is 0 or not finite, as TE keeps its scale
+        self.amax[r] = torch.where((new > 0) & torch.isfinite(new), new, self.amax[r])
+        history.copy_(torch.roll(history, -1))
+        history[0] = 0.0
+
+
+def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None):
+    """One GEMM operand from a high-precision 2-D tensor: Hadamard, then quantize along `axis`.
+
+    Returns a QuantizedTensor, or, unquantized, the (R, inner) matrix in the compute dtype.
+    """
+    if gemm.hadamard is not None:
+        t = gemm.hadamard.transform(t, dim=axis)
+    if op.scheme is None:
+        return (t if axis == 1 else t.t()).to(dtype)
+    return quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax)
+
+
+def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native) -> torch.Tensor:
+    """A · Bᵀ for prepared operands (quantized, or high-precision matrices)."""
+    if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor):
+        return scaled_matmul(a, b, out_dtype=out_dtype, native=native)
+    dtype = recipe.compute_dtype
+    A = a.dequantize_matrix(dtype) if isinstance(a, QuantizedTensor) else a
+    B = b.dequantize_matrix(dtype) if isinstance(b, QuantizedTensor) else b
+    if dtype == torch.float32:
+        with full_fp32():
+            return (A @ B.t()).to(out_dtype)
+    if out_dtype == torch.float32:
+        return mm_fp32_out(A, B.t())
+    return (A @ B.t()).to(out_dtype)
+
+
+class _Config:
+    """The non-tensor arguments of the autograd function (one per module)."""
+
+    def __init__(self, recipe: Recipe, native, save_quantized_input: bool, state):
+        self.recipe, self.native = recipe, native
+        self.save_quantized_input, self.state = save_quantized_input, state
+
+
+class _QuantizedLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, cfg: _Config):
+        recipe, state, dt = cfg.recipe, cfg.state, cfg.recipe.compute_dtype
+        x2 = x.reshape(-1, x.shape[-1])  # (M, K)
+        # delayed scaling: the amaxes chosen after the previous step, kept for backward too
+        amax_in = state.amax_for("input") if state is not None else None
+        amax_w = state.amax_for("weight") if state is not None else None
+
+        # ---- fprop: output = input @ weight_t ------------------------- (M, K) · (N, K)ᵀ
+        fp = recipe.fprop
+        a = _prepare(x2, fp.a, fp, 1, dt, amax_in)
+        b = _prepare(weight, fp.b, fp, 1, dt, amax_w)
+        out = _matmul(a, b, x.dtype, recipe, cfg.native)  # a drop-in: output in x's dtype
+        if bias is not None:
+            out = out + bias.to(out.dtype)
+        if state is not None:
+            state.record("input", x2)
+            state.record("weight", weight)
+
+        # save what the backward GEMMs need, and nothing else
+        wg = recipe.wgrad
+        if cfg.save_quantized_input and wg.b.scheme is not None:
+            input_t = _prepare(x2, wg.b, wg, 0, dt, amax_in)  # (K, M), along tokens
+            ctx.input_t = replace(input_t, data=None, scale=None, tensor_scale=None)
+            ctx.save_for_backward(weight, input_t.data, input_t.scale, input_t.tensor_scale)
+        else:
+            ctx.input_t = None
+            ctx.save_for_backward(weight, x2)  # as given: the activations are already in the compute dtype in a converted model
+        ctx.cfg, ctx.amax_in, ctx.amax_w = cfg, amax_in, amax_w
+        ctx.has_bias, ctx.x_shape, ctx.x_dtype = bias is not None, x.shape, x.dtype
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        cfg = ctx.cfg
+        recipe, state, dt = cfg.recipe, cfg.state, cfg.recipe.compute_dtype
+        weight = ctx.saved_tensors[0]
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])  # (M, N)
+        amax_g = state.amax_for("grad_output") if state is not None else None
+        grad_input = grad_weight = grad_bias = None
+
+        # ---- dgrad: grad_input = grad_output @ weight ------------------ (M, N) · (K, N)ᵀ
+        if ctx.needs_input_grad[0]:
+            dg = recipe.dgrad
+            a = _prepare(g2, dg.a, dg, 1, dt, amax_g)
+            b = _prepare(weight, dg.b, dg, 0, dt, ctx.amax_w)  # column-wise: along N
+            grad_input = _matmul(a, b, ctx.x_dtype, recipe, cfg.native).reshape(ctx.x_shape)
+
+        # ---- wgrad: grad_weight = grad_output_t @ input ---------------- (N, M) · (K, M)ᵀ
+        if ctx.needs_input_grad[1]:
+            wg = recipe.wgrad
+            a = _prepare(g2, wg.a, wg, 0, dt, amax_g)  # column-wise: along tokens
+            if ctx.input_t is not None:  # saved quantized: put its tensors back
+                data, scale, tensor_scale = ctx.saved_tensors[1:]
+                b = replace(ctx.input_t, data=data, scale=scale, tensor_scale=tensor_scale)
+            else:
+                b = _prepare(ctx.saved_tensors[1], wg.b, wg, 0, dt, ctx.amax_in)
+            grad_weight = _matmul(a, b, weight.dtype, recipe, cfg.native)
+
+        if state is not None:
+            state.record("grad_output", g2)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = g2.float().sum(0)
+        return grad_input, grad_weight, grad_bias, None
+
+
+class QuantizedLinear(nn.Linear):
+    """nn.Linear with its three GEMMs in a recipe's precision; parameters keep their dtype.
+
+    recipe: a name from RECIPES or a Recipe. native: "auto" (native FP8 on Hopper where the
+    shapes allow, emulation elsewhere), True (insist; an error if impossible), False (always
+    emulate). save_quantized_input: keep only the quantized column-wise input for backward.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        recipe: str | Recipe = "bf16",
+        *,
+        native: bool | str = "auto",
+        save_quantized_input: bool = False,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self._configure(recipe, native, save_quantized_input)
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, recipe: str | Recipe, *, native="auto", save_quantized_input=False
+    ) -> QuantizedLinear:
+        """A QuantizedLinear that shares `linear`'s weight and bias Parameters (no copy)."""
+        q = cls.__new__(cls)
+        nn.Module.__init__(q)
+        q.in_features, q.out_features = linear.in_features, linear.out_features
+        q.weight, q.bias = linear.weight, linear.bias
+        q.train(linear.training)
+        q._configure(recipe, native, save_quantized_input)
+        return q
+
+    def _configure(self, recipe, native, save_quantized_input):
+        self.recipe = get_recipe(recipe)
+        if native not in ("auto", True, False):
+            raise ValueError(f"native must be 'auto', True or False, not {native!r}")
+        self.native = native
+        self.save_quantized_input = save_quantized_input
+        self.delayed_scaling = None
+        if self.recipe.delayed is not None:
+            state = DelayedScalingState(self.recipe.delayed, self.recipe)
+            self.delayed_scaling = state.to(self.weight.device)
+        self._config = _Config(self.recipe, native, save_quantized_input, self.delayed_scaling)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _QuantizedLinearFn.apply(x, self.weight, self.bias, self._config)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe.name}"

@@ -1,0 +1,162 @@
+"""convert(): the layer policy, the report, Hugging Face models, and torch.compile."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fewerbits as fb
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.attn = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.router = nn.Linear(d, 4)
+
+    def forward(self, x):
+        return x + self.mlp(self.attn(x))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, d=32, n=8, vocab=50):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.embed_proj = nn.Linear(d, d)
+        self.layers = nn.ModuleList(Block(d) for _ in range(n))
+        self.lm_head = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.embed_proj(self.embed(ids))
+        for block in self.layers:
+            x = block(x)
+        return self.lm_head(x)
+
+
+def test_default_policy_and_report():
+    model = TinyLM()
+    report = fb.convert(model, "fp8_tensorwise")
+    rows = {r.name: r for r in report.layers}
+    assert len(rows) == 2 + 8 * 4
+    assert rows["lm_head"].got == "bfloat16" and "lm_head" in rows["lm_head"].reason
+    assert rows["embed_proj"].got == "bfloat16"
+    assert rows["layers.3.router"].got == "bfloat16"
+    assert rows["layers.3.mlp.0"].got == "fp8_tensorwise"
+    assert isinstance(model.layers[3].mlp[0], fb.QuantizedLinear)
+    assert type(model.lm_head) is nn.Linear
+    assert len(report.converted) == 8 * 3
+    text = str(report)
+    assert "layers.7.mlp.2" in text and "24 of 34 Linear layers converted to fp8_tensorwise" in text
+
+
+def test_nvfp4_keeps_the_last_15_percent_of_blocks():
+    model = TinyLM(n=20)
+    report = fb.convert(model, "nvfp4")
+    kept_blocks = {int(r.name.split(".")[1]) for r in report.kept if r.name.startswith("layers.") and "blocks" in r.reason}
+    assert kept_blocks == {17, 18, 19}  # round(0.15 · 20) = 3
+    assert "one of the last 3 of 20 blocks" in str(report)
+
+
+def test_policy_options():
+    model = TinyLM(n=6)
+    policy = fb.Policy(extra_keep=("*.attn",), keep_first_blocks=1, keep_last_blocks=2)
+    report = fb.convert(model, "mxfp8", policy=policy)
+    got = {r.name: r.got for r in report.layers}
+    assert got["layers.2.attn"] == "bfloat16" and got["layers.2.mlp.0"] == "mxfp8"
+    assert got["layers.0.mlp.0"] == "bfloat16" and got["layers.5.mlp.2"] == "bfloat16"
+    assert got["layers.4.mlp.2"] == "bfloat16" and got["layers.3.mlp.2"] == "mxfp8"
+    assert fb.Policy().matches("model.layers.0.mlp.gate") == "gate"
+    assert fb.Policy().matches("model.layers.0.mlp.gate_proj") is None
+
+
+def test_converting_twice_is_harmless():
+    model = TinyLM(n=2)
+    first = fb.convert(model, "mxfp4")
+    layer = model.layers[0].mlp[0]
+    second = fb.convert(model, "mxfp4")
+    assert model.layers[0].mlp[0] is layer
+    assert [r.got for r in second.layers] == [r.got for r in first.layers]
+    assert all(r.reason == "already converted" for r in second.converted)
+    out = model(torch.randint(0, 50, (2, 5)))
+    assert out.shape == (2, 5, 50)
+
+
+def test_no_linear_warns_and_bad_input():
+    with pytest.warns(UserWarning, match="no nn.Linear"):
+        report = fb.convert(nn.Sequential(nn.ReLU(), nn.LayerNorm(4)), "fp8_tensorwise")
+    assert report.layers == []
+    with pytest.raises(ValueError, match="valid recipes"):
+        fb.convert(TinyLM(), "fp4_everything")
+    with pytest.raises(ValueError, match="from_linear"):
+        fb.convert(nn.Linear(4, 4), "mxfp8")
+
+
+def test_training_step_after_conversion():
+    torch.manual_seed(0)
+    model = TinyLM(n=2)
+    fb.convert(model, "nvfp4")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 50, (4, 16))
+    losses = []
+    for _ in range(5):
+        logits = model(ids[:, :-1]).float()
+        loss = nn.functional.cross_entropy(logits.reshape(-1, 50), ids[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def test_hugging_face_llama_from_a_config():
+    model = tiny_llama()
+    ids = torch.randint(0, 128, (2, 16))
+    ref = model(ids).logits
+    report = fb.convert(model, "fp8_blockwise")
+    rows = {r.name: r for r in report.layers}
+    assert rows["lm_head"].got == "bfloat16"
+    assert rows["model.layers.0.mlp.gate_proj"].got == "fp8_blockwise"
+    assert rows["model.layers.3.self_attn.k_proj"].got == "fp8_blockwise"
+    assert len(report.converted) == 4 * 7
+    out = model(ids).logits
+    assert out.shape == ref.shape and torch.isfinite(out).all()
+    cos = nn.functional.cosine_similarity(out.float().flatten(), ref.float().flatten(), dim=0)
+    assert cos > 0.99
+    out.float().sum().backward()
+    assert model.model.layers[0].mlp.gate_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("name", list(fb.RECIPES))
+def test_every_recipe_traces_without_graph_breaks(name):
+    torch._dynamo.reset()
+    model = TinyLM(n=1)
+    fb.convert(model, name)
+    explained = torch._dynamo.explain(model)(torch.randint(0, 50, (2, 8)))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+def test_torch_compile_of_a_converted_model():
+    """Forward and backward through AOT autograd equal eager mode (inductor: docs/recipes.md)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyLM(n=2)
+    fb.convert(model, "fp8_tensorwise")
+    ids = torch.randint(0, 50, (2, 8))
+    eager = model(ids)
+    eager.float().sum().backward()
+    grad = model.layers[0].mlp[0].weight.grad.clone()
+    model.zero_grad()
+    out = torch.compile(model, backend="aot_eager")(ids)
+    out.float().sum().backward()
+    assert torch.equal(out, eager)
+    assert torch.equal(model.layers[0].mlp[0].weight.grad, grad)
