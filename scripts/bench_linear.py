@@ -44,7 +44,7 @@ def time_step(layer, x, g, warmup: int, iters: int) -> float:
 def path_of(recipe: fb.Recipe, m: int, k: int, n: int) -> str:
     """'native' if every quantized GEMM of the recipe takes a native kernel at this shape."""
     if not recipe.quantized:
-        return "bf16 GEMMs" if recipe.compute_dtype != torch.float32 else "fp32 GEMMs"
+        return f"{str(recipe.compute_dtype).removeprefix('torch.')} GEMMs"
     paths = []
     for gemm, (ra, ca, rb, cb) in (
         (recipe.fprop, (m, k, n, k)), (recipe.dgrad, (m, n, k, n)), (recipe.wgrad, (n, m, k, m))

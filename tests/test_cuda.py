@@ -83,29 +83,31 @@ NATIVE_PAIRS = [
     ("fp8_e4m3_1x128", "fp8_e4m3_128x128", None),
     ("fp8_e4m3_1x128", "fp8_e4m3_1x128", None),
 ]
-# The stated tolerance: both paths multiply the same quantized values with fp32 accumulation;
-# they differ only in summation order, so an fp32 result agrees to 1e-5 relative (Frobenius),
-# and a bf16 result to within one bf16 rounding step (2^-8 relative) per element.
-FP32_TOL = 1e-5
+# The stated tolerance: both paths multiply the same quantized values with fp32 accumulation
+# and differ only in how the sum is formed. Hopper's FP8 tensor cores keep fewer bits in their
+# accumulator than fp32 (DeepSeek-V3 §3.3.2 measured about 14 on H800; cuBLAS promotes partial
+# sums to fp32 only periodically), so an fp32 result agrees to 5e-4 relative (Frobenius), about
+# 2^-11; a bf16 result adds at most one bf16 rounding difference: 3e-3.
+TOLERANCE = {torch.float32: 5e-4, torch.bfloat16: 3e-3}
 
 
 @pytest.mark.parametrize("a_name, b_name, rule", NATIVE_PAIRS)
-@pytest.mark.parametrize("m, k, n", [(256, 512, 384), (384, 640, 256)])
+@pytest.mark.parametrize("m, k, n", [(256, 512, 384), (384, 640, 256), (1024, 4096, 1024)])
 def test_native_equals_emulated(a_name, b_name, rule, m, k, n):
     torch.manual_seed(0)
     a = torch.randn(m, k, device="cuda") * torch.rand(m, 1, device="cuda") * 10
     b = torch.randn(n, k, device="cuda")
     qa, qb = fb.quantize(a, a_name, scale_rule=rule), fb.quantize(b, b_name, scale_rule=rule)
     assert native_reason(qa, qb) is None
+    errors = {}
     for out_dtype in (torch.float32, torch.bfloat16):
         native = scaled_matmul(qa, qb, out_dtype=out_dtype, native=True).float()
         emulated = emulated_matmul(qa, qb, out_dtype=out_dtype).float()
-        rel = ((native - emulated).norm() / emulated.norm()).item()
-        print(f"{a_name} x {b_name} ({rule}) {m}x{k}x{n} {out_dtype}: rel {rel:.2e}")
-        if out_dtype == torch.float32:
-            assert rel <= FP32_TOL
-        else:
-            assert ((native - emulated).abs() <= emulated.abs() * 2.0**-8 + 1e-30).all()
+        errors[out_dtype] = ((native - emulated).norm() / emulated.norm()).item()
+    print(f"\nnative vs emulated {a_name} x {b_name} ({rule}) {m}x{k}x{n}: "
+          f"fp32 {errors[torch.float32]:.2e}, bf16 {errors[torch.bfloat16]:.2e}")
+    for dtype, err in errors.items():
+        assert err <= TOLERANCE[dtype]
     exact = a @ b.t()
     assert ((native - exact).norm() / exact.norm()) < 0.05  # and it is the right product
 
