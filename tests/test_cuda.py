@@ -104,12 +104,18 @@ def test_native_equals_emulated(a_name, b_name, rule, m, k, n):
         native = scaled_matmul(qa, qb, out_dtype=out_dtype, native=True).float()
         emulated = emulated_matmul(qa, qb, out_dtype=out_dtype).float()
         errors[out_dtype] = ((native - emulated).norm() / emulated.norm()).item()
+    # the emulation is the exact product of the quantized values, up to fp32 summation
+    exact_q = qa.dequantize_matrix().double() @ qb.dequantize_matrix().double().t()
+    emulated = emulated_matmul(qa, qb, out_dtype=torch.float32).double()
+    emulation_error = ((emulated - exact_q).norm() / exact_q.norm()).item()
     print(f"\nnative vs emulated {a_name} x {b_name} ({rule}) {m}x{k}x{n}: "
-          f"fp32 {errors[torch.float32]:.2e}, bf16 {errors[torch.bfloat16]:.2e}")
+          f"fp32 {errors[torch.float32]:.2e}, bf16 {errors[torch.bfloat16]:.2e}; "
+          f"emulated vs float64 {emulation_error:.1e}")
+    assert emulation_error < 1e-6
     for dtype, err in errors.items():
         assert err <= TOLERANCE[dtype]
-    exact = a @ b.t()
-    assert ((native - exact).norm() / exact.norm()) < 0.05  # and it is the right product
+    exact = a @ b.t()  # and it is the right product (E5M2 operands: about 25 dB)
+    assert ((native - exact).norm() / exact.norm()) < 0.08
 
 
 def test_native_column_wise_operands():
