@@ -166,3 +166,15 @@ def test_inductor_compiles_a_converted_model_on_cuda():
     out.float().sum().backward()
     rel = ((out.float() - eager.float()).norm() / eager.float().norm()).item()
     assert rel < 1e-2
+
+
+def test_conversion_keeps_what_native_fp8_cannot_take():
+    model = nn.Sequential(nn.Linear(1024, 1000), nn.GELU(), nn.Linear(1000, 1024), nn.Linear(1024, 128)).cuda()
+    report = fb.convert(model, "fp8_blockwise")
+    why = {r.name: (r.got, r.reason) for r in report.layers}
+    assert why["0"] == ("bfloat16", "native FP8 needs dims divisible by 128")
+    assert why["3"][0] == "bfloat16" and "too small" in why["3"][1]
+    model2 = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 1024)).cuda()
+    assert [r.got for r in fb.convert(model2, "fp8_tensorwise").layers] == ["fp8_tensorwise"] * 2
+    model3 = nn.Sequential(nn.Linear(1024, 1000), nn.Linear(1000, 8)).cuda()
+    assert [r.got for r in fb.convert(model3, "mxfp4").layers] == ["mxfp4"] * 2  # emulated: any shape

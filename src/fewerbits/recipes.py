@@ -24,7 +24,7 @@ import torch
 
 from .hadamard import Hadamard
 from .rounding import Rounding, check_rounding
-from .schemes import Scheme, get_scheme
+from .schemes import SCHEMES, Scheme, get_scheme
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,11 @@ class Operand:
     def __str__(self) -> str:
         if self.scheme is None:
             return "hp"
-        return self.scheme.name + (" SR" if self.rounding == "stochastic" else "")
+        text = self.scheme.name
+        named = SCHEMES.get(text)
+        if named is not None and named.scale_rule != self.scheme.scale_rule:
+            text += f" ({self.scheme.scale_rule})"
+        return text + (" SR" if self.rounding == "stochastic" else "")
 
 
 HP = Operand()
