@@ -32,6 +32,7 @@ FLOORS = {
     "mxfp4_naive": (10, 10, 10),
     "nvfp4": (12, 10, 10.5),
     "nvfp4_naive": (12.5, 12, 12),
+    "mxfp4_qat_experts": (24, 23.5, 23),  # no experts in this MLP: fp8_blockwise throughout
 }
 
 
@@ -286,6 +287,23 @@ def test_recipe_registry_and_errors():
     assert fb.get_recipe("fp16").loss_scaling == "dynamic"
     assert fb.get_recipe("fp8_delayed").delayed.history_len == 1024
     assert "Hadamard 32" in str(fb.get_recipe("mxfp4").wgrad)
+
+
+def test_weight_qat_is_straight_through():
+    """The GEMMs see the fake-quantized weight; the master weight gets that gradient as is."""
+    recipe = fb.get_recipe("mxfp4_qat_experts").experts
+    torch.manual_seed(0)
+    layer = nn.Linear(256, 128, bias=False)
+    x, g = torch.randn(64, 256), torch.randn(64, 128)
+    q = fb.QuantizedLinear.from_linear(layer, dataclasses.replace(recipe, fprop=fb.Gemm(), dgrad=fb.Gemm(), wgrad=fb.Gemm(), compute_dtype=torch.float32))
+    xq = x.clone().requires_grad_()
+    y = q(xq)
+    w_q = fb.fake_quantize(layer.weight.detach(), "mxfp4")
+    assert torch.allclose(y, x @ w_q.t(), rtol=1e-5, atol=1e-5)  # forward with Q(W)
+    assert not torch.allclose(y, x @ layer.weight.detach().t(), rtol=1e-3, atol=1e-3)
+    (y * g).sum().backward()
+    assert torch.allclose(layer.weight.grad, g.t() @ x, rtol=1e-5, atol=1e-5)  # straight through
+    assert torch.allclose(xq.grad, g @ w_q, rtol=1e-5, atol=1e-5)
 
 
 def test_user_recipe():

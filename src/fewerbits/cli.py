@@ -106,6 +106,98 @@ def cmd_formats(args) -> int:
     return 0
 
 
+def _field_docs(cls) -> dict[str, str]:
+    """The `#:` comment after each field of a dataclass, read from its source."""
+    import inspect
+    import re
+
+    docs = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = re.match(r"\s+(\w+): [^=]+=.*#: (.*)$", line)
+        if m:
+            docs[m.group(1)] = m.group(2)
+    return docs
+
+
+def _add_config_options(parser: argparse.ArgumentParser, skip=(), defaults=None, helps=None) -> None:
+    """One option per TrainConfig field: --name-with-dashes, typed from the annotation."""
+    from dataclasses import MISSING, fields
+
+    from .train import TrainConfig
+
+    docs = _field_docs(TrainConfig)
+    for f in fields(TrainConfig):
+        if f.name in skip:
+            continue
+        default = (defaults or {}).get(f.name, f.default if f.default is not MISSING else None)
+        help_ = (helps or {}).get(f.name) or docs.get(f.name, "").replace("%", "%%")
+        opt = "--" + f.name.replace("_", "-")
+        kind = str(f.type).split("|")[0].strip()
+        if kind == "bool":
+            if default:
+                parser.add_argument(f"--no-{f.name.replace('_', '-')}", dest=f.name, action="store_false", help=f"do not: {help_}")
+            else:
+                parser.add_argument(opt, action="store_true", help=help_)
+            parser.set_defaults(**{f.name: default})
+        else:
+            typ = {"int": int, "float": float, "str": str}[kind]
+            shown = "" if default is None else f" (default {default})"
+            parser.add_argument(opt, type=typ, default=default, help=help_ + shown)
+
+
+def _config_from_args(args, **override):
+    from dataclasses import fields
+
+    from .train import TrainConfig
+
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    values.update(override)
+    return TrainConfig(**values)
+
+
+def cmd_train(args) -> int:
+    from .train import TrainConfig, train
+
+    if args.config_json:
+        cfg = TrainConfig.from_dict(json.loads(open(args.config_json).read()))
+    else:
+        cfg = _config_from_args(args)
+    try:
+        summary = train(cfg)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: checkpoint written to {cfg.out}/checkpoint (--resume continues)", file=sys.stderr)
+        return 130
+    print(
+        f"{summary['recipe']}: {summary['steps']} steps, final validation loss "
+        f"{summary['final_val_loss']:.4f}, {summary['tokens_per_s']:,.0f} tokens/s, "
+        f"{summary['skipped_steps']} skipped; {summary['run_dir']}"
+    )
+    return 0
+
+
+def cmd_compare(args) -> int:
+    import datetime
+
+    from .train import compare
+
+    out = args.out or f"runs/compare-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    cfg = _config_from_args(args, recipe="bf16", out=out)
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    try:
+        summaries = compare(cfg, recipes)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished runs and checkpoints are in {out} (--resume continues)", file=sys.stderr)
+        return 130
+    return 1 if any("error" in s for s in summaries) else 0
+
+
+def cmd_sample(args) -> int:
+    from .train.sample import sample
+
+    print(sample(args.checkpoint, args.prompt, args.tokens, args.temperature, args.top_k, args.seed, args.device))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fewerbits", description="Train language models with fewer bits."
@@ -116,6 +208,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (for the native-support column)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_formats)
+
+    p = sub.add_parser("train", help="train one model under one recipe")
+    _add_config_options(p)
+    p.add_argument("--config-json", default=None, help="read every option from this JSON file instead")
+    p.set_defaults(func=cmd_train)
+
+    from .train import DEFAULT_RECIPES
+
+    p = sub.add_parser(
+        "compare", help="train the same model under several recipes and compare loss, speed and memory"
+    )
+    p.add_argument("--recipes", default=",".join(DEFAULT_RECIPES), help="comma-separated recipe names; the first is the reference")
+    _add_config_options(
+        p, skip=("recipe",), defaults={"steps": 100, "out": None},
+        helps={"out": "comparison folder, one run folder per recipe inside (default: runs/compare-DATE-TIME)"},
+    )
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("sample", help="generate text from a trained run")
+    p.add_argument("--checkpoint", required=True, help="a run folder (or its checkpoint folder)")
+    p.add_argument("--prompt", default="def ", help="text to continue")
+    p.add_argument("--tokens", type=int, default=200, help="tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy")
+    p.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.set_defaults(func=cmd_sample)
     return parser
 
 
@@ -123,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, RuntimeError) as e:
+    except (ValueError, TypeError, RuntimeError, OSError) as e:
         print(f"fewerbits: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like

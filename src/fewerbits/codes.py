@@ -22,43 +22,7 @@ import math
 import torch
 
 from .formats import FloatFormat, get_format
-from .rounding import check_float_tensor, exp2, exponent_of, in_chunks, round_to_format
-
-
-def check_code_width(fmt: FloatFormat) -> None:
-    if fmt.bits > 8:
-        raise ValueError(
-            f"{fmt.name} has {fmt.bits} bits; codes are uint8, for formats of at most 8 bits "
-            f"(for {fmt.name}, cast and convert to its torch dtype instead)"
-        )
-
-
-def values_to_codes(r: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
-    """Codes (uint8) of float64 values that already lie on `fmt`'s grid (or are inf/NaN)."""
-    check_code_width(fmt)
-    nan = torch.isnan(r)
-    if not fmt.has_nan and not torch.compiler.is_compiling() and bool(nan.any()):
-        raise ValueError(f"{fmt.name} has no NaN code, and the input holds NaN")
-    negative = torch.signbit(r)  # before NaN is replaced: a NaN keeps its sign bit
-    r = torch.where(nan, 0.0, r)
-    if fmt.is_integer:
-        return (r.to(torch.int64) & ((1 << fmt.bits) - 1)).to(torch.uint8)
-
-    mag = r.abs()
-    e = exponent_of(mag).clamp(fmt.emin, fmt.emax)
-    normal = mag >= fmt.min_normal
-    exp_field = torch.where(normal, e + fmt.bias, 0)
-    # mantissa field = |r| / quantum − implicit leading one (normals); exact integers.
-    man = mag / exp2(torch.where(normal, e, fmt.emin) - fmt.man_bits)
-    man = man.to(torch.int64) - torch.where(normal, 1 << fmt.man_bits, 0)
-    code = (exp_field << fmt.man_bits) | man
-    if fmt.has_inf:
-        code = torch.where(torch.isinf(mag), fmt.inf_code, code)
-    if fmt.has_nan:
-        code = torch.where(nan, fmt.nan_code, code)
-    if fmt.signed:
-        code = code | (negative.to(torch.int64) << (fmt.exp_bits + fmt.man_bits))
-    return code.to(torch.uint8)
+from .rounding import check_code_width, check_float_tensor, in_chunks, round_to_codes, work_dtype
 
 
 def encode(x: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
@@ -66,7 +30,8 @@ def encode(x: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
     fmt = get_format(fmt)
     check_float_tensor(x)
     check_code_width(fmt)
-    return in_chunks(lambda v: values_to_codes(round_to_format(v.double(), fmt), fmt), x.detach())
+    dtype = work_dtype(x.dtype, fmt)
+    return in_chunks(lambda v: round_to_codes(v.to(dtype), fmt), x.detach())
 
 
 def decode(codes: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:

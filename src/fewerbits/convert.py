@@ -62,6 +62,7 @@ class LayerReport:
     out_features: int
     got: str  #: the recipe name, or the high-precision dtype it stays in
     reason: str
+    quantized: bool = False  #: converted to a QuantizedLinear by this call or an earlier one
 
 
 @dataclass
@@ -73,11 +74,11 @@ class ConversionReport:
 
     @property
     def converted(self) -> list[LayerReport]:
-        return [r for r in self.layers if r.got == self.recipe]
+        return [r for r in self.layers if r.quantized]
 
     @property
     def kept(self) -> list[LayerReport]:
-        return [r for r in self.layers if r.got != self.recipe]
+        return [r for r in self.layers if not r.quantized]
 
     def __str__(self) -> str:
         head = ("layer", "in", "out", "precision", "why")
@@ -160,7 +161,7 @@ def convert(
         row = LayerReport(name, mod.in_features, mod.out_features, hp, "")
         report.layers.append(row)
         if isinstance(mod, QuantizedLinear):
-            row.got, row.reason = mod.recipe.name, "already converted"
+            row.got, row.reason, row.quantized = mod.recipe.name, "already converted", True
             continue
         match = policy.matches(name)
         m = block_re.match(name) if block_re else None
@@ -173,9 +174,12 @@ def convert(
         elif native and min(mod.in_features, mod.out_features) < policy.min_features:
             row.reason = f"smaller than {policy.min_features}: too small to gain from FP8"
         else:
-            row.got, row.reason = recipe.name, "converted"
+            layer_recipe = recipe
+            if recipe.experts is not None and "experts" in name.split("."):
+                layer_recipe = recipe.experts
+            row.got, row.reason, row.quantized = layer_recipe.name, "converted", True
             q = QuantizedLinear.from_linear(
-                mod, recipe, native=policy.native, save_quantized_input=policy.save_quantized_input
+                mod, layer_recipe, native=policy.native, save_quantized_input=policy.save_quantized_input
             )
             _set_submodule(model, name, q)
     if not report.layers:

@@ -55,6 +55,7 @@ class DelayedScalingState(nn.Module):
         self.register_buffer("amax_history", torch.zeros(len(ROLES), config.history_len))
         # amax = the element max makes the first decode scale exactly 1, as TE initialises it
         self.register_buffer("amax", torch.tensor([op.scheme.elem.max for op in ops]))
+        self.recording = True  #: set per forward: training with autograd records, evaluation not
 
     def amax_for(self, role: str) -> torch.Tensor:
         """The amax (with the margin) that quantizes `role` now; a copy, safe to keep."""
@@ -62,6 +63,8 @@ class DelayedScalingState(nn.Module):
 
     @torch.no_grad()
     def record(self, role: str, t: torch.Tensor) -> None:
+        if not self.recording:  # evaluation reads the histories but leaves them alone
+            return
         r = ROLES.index(role)
         history = self.amax_history[r]
         history[0] = t.abs().amax().float()
@@ -115,6 +118,10 @@ class _QuantizedLinearFn(torch.autograd.Function):
         # delayed scaling: the amaxes chosen after the previous step, kept for backward too
         amax_in = state.amax_for("input") if state is not None else None
         amax_w = state.amax_for("weight") if state is not None else None
+
+        if recipe.weight_qat is not None:  # QAT: the GEMMs see Q(W); W gets their gradient
+            qat = recipe.weight_qat
+            weight = quantize(weight, qat.scheme, rounding=qat.rounding).dequantize(weight.dtype)
 
         # ---- fprop: output = input @ weight_t ------------------------- (M, K) · (N, K)ᵀ
         fp = recipe.fprop
@@ -223,6 +230,8 @@ class QuantizedLinear(nn.Linear):
         self._config = _Config(self.recipe, native, save_quantized_input, self.delayed_scaling)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.delayed_scaling is not None:
+            self.delayed_scaling.recording = self.training and torch.is_grad_enabled()
         return _QuantizedLinearFn.apply(x, self.weight, self.bias, self._config)
 
     def extra_repr(self) -> str:

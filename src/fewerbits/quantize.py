@@ -27,14 +27,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .codes import decode, pack, packed_size, unpack, values_to_codes
+from .codes import decode, pack, packed_size, unpack
 from .rounding import (
     CHUNK_ELEMENTS,
     Rounding,
     check_float_tensor,
     check_rounding,
     draw_noise,
-    round_to_format,
+    round_to_codes,
+    work_dtype,
 )
 from .scaling import amax_scale, block_amax, pow2_scale, two_level_scales
 from .schemes import Scheme, get_scheme
@@ -149,14 +150,11 @@ def quantize(
 
     def element_codes(chunk, block_factor, noise):
         if scheme.two_level:
-            scaled = (chunk * block_factor).double()  # x × enc, the product rounded in fp32
-        elif scheme.pow2:
-            scaled = chunk.double() / block_factor  # exact: a power of two
+            scaled = chunk * block_factor  # x × enc, the product rounded in fp32
         else:
-            scaled = (chunk / block_factor).double()  # x / scale, the quotient rounded in fp32
-        values = round_to_format(scaled, scheme.elem, noise=noise)
-        values = torch.where(torch.isfinite(block_factor), values, 0.0)  # NaN-scale blocks
-        return values_to_codes(values, scheme.elem)
+            scaled = chunk / block_factor  # x / scale: exact for powers of two, else rounded in fp32
+        scaled = torch.where(torch.isfinite(block_factor), scaled, 0.0)  # NaN-scale blocks: 0 codes
+        return round_to_codes(scaled, scheme.elem, noise=noise)
 
     noise = draw_noise((rows, cols), x.device, generator) if rounding == "stochastic" else None
     codes = [
@@ -170,7 +168,7 @@ def quantize(
     codes = torch.cat(codes) if codes else X.new_zeros(rows, cols, dtype=torch.uint8)
 
     if scheme.scale_fmt.bits <= 8:
-        stored = values_to_codes(scales.double(), scheme.scale_fmt)
+        stored = round_to_codes(scales.to(work_dtype(scales.dtype, scheme.scale_fmt)), scheme.scale_fmt)
     else:
         stored = scales.float()
     return QuantizedTensor(
@@ -248,11 +246,16 @@ def _blocked(m: torch.Tensor, br: int, bc: int) -> torch.Tensor:
 
 
 def _per_element(per_block: torch.Tensor, br: int, bc: int, r0: int, r1: int, cols: int):
-    """The value of each element's block, for rows r0:r1 of the (R, C) matrix: (r1 − r0, C)."""
-    device = per_block.device
-    row_block = torch.arange(r0, r1, device=device) // br
-    col_block = torch.arange(cols, device=device) // bc
-    return per_block[row_block][:, col_block]
+    """The value of each element's block for rows r0:r1 of the (R, C) matrix, broadcastable to
+    (r1 − r0, C): a block spanning all rows or all columns stays a broadcast dimension."""
+    nbr, nbc = per_block.shape
+    if nbr == 1:
+        rows = per_block
+    elif br == 1:
+        rows = per_block[r0:r1]
+    else:
+        rows = per_block[r0 // br : -(-r1 // br)].repeat_interleave(br, 0)[r0 % br : r0 % br + r1 - r0]
+    return rows if nbc == 1 else rows.repeat_interleave(bc, 1)[:, :cols]
 
 
 def _row_chunks(rows: int, cols: int, device: torch.device):

@@ -17,6 +17,7 @@ of the factory says so. Build your own with `Recipe(...)` from any schemes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -98,6 +99,8 @@ class Recipe:
     loss_scaling: Literal["none", "dynamic"] = "none"  #: fp16 needs dynamic loss scaling
     delayed: DelayedScaling | None = None  #: per-tensor scales from amax histories
     keep_last_blocks: float = 0.0  #: fraction of transformer blocks the default policy keeps in compute_dtype
+    weight_qat: Operand | None = None  #: fake-quantize the weight first (straight-through gradient)
+    experts: Recipe | None = None  #: the recipe for MoE expert Linears (names containing "experts")
     source: str = ""  #: where the definition comes from
     doc: str = field(default="", compare=False)  #: one line for tables
 
@@ -114,10 +117,11 @@ class Recipe:
 
     @property
     def quantized(self) -> bool:
-        return any(g.quantized for g in (self.fprop, self.dgrad, self.wgrad))
+        return self.weight_qat is not None or any(g.quantized for g in (self.fprop, self.dgrad, self.wgrad))
 
     def describe(self) -> str:
-        return f"fprop {self.fprop}; dgrad {self.dgrad}; wgrad {self.wgrad}"
+        qat = f"weight fake-quantized to {self.weight_qat}; " if self.weight_qat else ""
+        return f"{qat}fprop {self.fprop}; dgrad {self.dgrad}; wgrad {self.wgrad}"
 
     def __str__(self) -> str:
         return self.name
@@ -284,6 +288,28 @@ def _nvfp4(naive: bool) -> Recipe:
     )
 
 
+def _mxfp4_qat_experts() -> Recipe:
+    """In the spirit of DeepSeek-V4's FP4 expert weights: every GEMM as `fp8_blockwise`, and the
+    MoE experts' weights fake-quantized to MXFP4 before it (quantization-aware training with a
+    straight-through gradient: the master weight receives the gradient of the fake-quantized
+    one unchanged)."""
+    base = _fp8_blockwise()
+    experts = Recipe(
+        "mxfp4_qat_expert",
+        fprop=base.fprop,  # output = input_1x128 @ Q_fp4(weight)_128x128ᵀ
+        dgrad=base.dgrad,  # grad_input = grad_1x128 @ Q_fp4(weight)_128x128
+        wgrad=base.wgrad,  # grad_weight (straight through) = grad_1x128ᵀ @ input_1x128
+        weight_qat=_op("mxfp4"),
+        source="DeepSeek-V4 (FP4 quantization-aware training of expert weights)",
+        doc="expert weights MXFP4 (QAT), GEMMs FP8 blockwise",
+    )
+    return dataclasses.replace(
+        base, name="mxfp4_qat_experts", experts=experts,
+        source="fp8_blockwise, with MXFP4 QAT experts after DeepSeek-V4",
+        doc="FP8 blockwise; MoE experts' weights MXFP4 QAT",
+    )
+
+
 #: Every named recipe.
 RECIPES: dict[str, Recipe] = {
     r.name: r
@@ -302,6 +328,7 @@ RECIPES: dict[str, Recipe] = {
         _mxfp4(naive=True),
         _nvfp4(naive=False),
         _nvfp4(naive=True),
+        _mxfp4_qat_experts(),
     )
 }
 

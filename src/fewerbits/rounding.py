@@ -24,10 +24,13 @@ quantization instead stores a NaN *scale* for a block that holds NaN or ±inf (s
 e8m0 is unsigned and has no zero: zero, negative values and NaN become NaN, positive values
 below 2^−127 become 2^−127. Integers have no negative zero: −0.3 rounds to +0.
 
-Everything is computed in float64, where each step above is exact: dividing by a power of two,
-rounding to an integer and multiplying back lose nothing for any fp32 (or float64) input. We do
-not call `tensor.to(torch.float8_e4m3fn)`: before torch 2.12 that cast gives NaN above 464
-instead of saturating.
+Every step above is exact in float32 for float32 (or bf16, fp16) inputs whenever the format's
+grid spacings are float32 numbers, 2^-149 … 2^127 (every format here but e8m0): dividing by a
+power of two, rounding to an integer and multiplying back lose nothing. Otherwise (float64
+inputs, e8m0) the work is done in float64. `round_to_codes` goes from the rounded integer
+straight to the bit code, (e + bias − 1) · 2^M + units, which also carries a mantissa that
+rounded up into the next binade. We do not call `tensor.to(torch.float8_e4m3fn)`: before
+torch 2.12 that cast gives NaN above 464 instead of saturating.
 """
 
 from __future__ import annotations
@@ -57,14 +60,30 @@ def check_rounding(rounding: str) -> None:
         raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
 
 
+# the two working dtypes: (integer view, mantissa bits, exponent bias)
+_LAYOUT = {torch.float32: (torch.int32, 23, 127), torch.float64: (torch.int64, 52, 1023)}
+
+
+def work_dtype(dtype: torch.dtype, fmt: FloatFormat) -> torch.dtype:
+    """float32 where every rounding step for `fmt` is exact in it, float64 otherwise."""
+    fits = fmt.emax + 1 - fmt.man_bits <= 127 and fmt.emin - fmt.man_bits >= -149
+    return torch.float32 if fits and dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float64
+
+
 def exponent_of(mag: torch.Tensor) -> torch.Tensor:
-    """floor(log2 |v|) of a float64 tensor from its exponent field (int64; −1023 for 0)."""
-    return ((mag.view(torch.int64) >> 52) & 0x7FF) - 1023
+    """floor(log2 |v|) from the exponent field of a float32/float64 tensor (−bias for 0 and
+    subnormals, which every caller clamps up to the format's emin)."""
+    int_t, man, bias = _LAYOUT[mag.dtype]
+    return ((mag.view(int_t) >> man) & (2 * bias + 1)) - bias
 
 
-def exp2(k: torch.Tensor) -> torch.Tensor:
-    """2^k as float64 for integer k in [−1022, 1023], built from the bit pattern (exact)."""
-    return ((k.to(torch.int64) + 1023) << 52).view(torch.float64)
+def exp2(k: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """2^k (float32 or float64) for integer k, built from the bit pattern: exact, subnormals too."""
+    int_t, man, bias = _LAYOUT[dtype]
+    k = k.to(int_t)
+    normal = (k + bias) << man
+    subnormal = torch.ones_like(k) << (k + bias - 1 + man).clamp(0, man - 1)
+    return torch.where(k > -bias, normal, subnormal).view(dtype)
 
 
 def draw_noise(shape, device, generator: torch.Generator | None) -> torch.Tensor:
@@ -92,6 +111,21 @@ def in_chunks(fn, *tensors: torch.Tensor | None) -> torch.Tensor:
     return torch.cat(parts).reshape(shape)
 
 
+def _round_units(mag: torch.Tensor, fmt: FloatFormat, noise: torch.Tensor | None):
+    """(binade e, rounded integer units, quantum) with |v| ≈ units · quantum, quantum = 2^(e − M)."""
+    # Clamp the binade into [emin, emax + 1]: below emin the spacing is the subnormal one;
+    # anything in binade emax + 1 or above overflows whatever it rounds to.
+    e = exponent_of(mag).clamp(fmt.emin, fmt.emax + 1)
+    quantum = exp2(e - fmt.man_bits, mag.dtype)
+    units = mag / quantum  # exact: division by a power of two
+    if noise is None:
+        units = torch.round(units)  # half to even
+    else:
+        low = torch.floor(units)
+        units = low + (noise.to(mag.dtype) * 2.0**-NOISE_BITS < units - low).to(mag.dtype)
+    return e, units, quantum
+
+
 def round_to_format(
     v: torch.Tensor,
     fmt: FloatFormat,
@@ -99,21 +133,11 @@ def round_to_format(
     noise: torch.Tensor | None = None,
     saturate: bool = True,
 ) -> torch.Tensor:
-    """Round a float64 tensor onto `fmt`'s grid (float64 out).
+    """Round a float32/float64 tensor onto `fmt`'s grid (same dtype out; see `work_dtype`).
 
     noise: int32 bits from `draw_noise` (stochastic rounding), or None (round to nearest even).
     """
-    mag = v.abs()
-    # Clamp the binade into [emin, emax + 1]: below emin the spacing is the subnormal one;
-    # anything in binade emax + 1 or above overflows whatever it rounds to.
-    e = exponent_of(mag).clamp(fmt.emin, fmt.emax + 1)
-    quantum = exp2(e - fmt.man_bits)
-    units = mag / quantum  # exact: division by a power of two
-    if noise is None:
-        units = torch.round(units)  # half to even
-    else:
-        low = torch.floor(units)
-        units = low + (noise.to(torch.float64) * 2.0**-NOISE_BITS < units - low).to(torch.float64)
+    _, units, quantum = _round_units(v.abs(), fmt, noise)
     r = units * quantum
     if not fmt.has_zero:  # e8m0: the smallest value stands in for everything below it
         r = r.clamp(min=fmt.min_subnormal)
@@ -131,6 +155,42 @@ def round_to_format(
     else:
         r = torch.where(v > 0, r, torch.nan)
     return torch.where(torch.isnan(v), v, r)  # NaN keeps its sign bit
+
+
+def check_code_width(fmt: FloatFormat) -> None:
+    if fmt.bits > 8:
+        raise ValueError(
+            f"{fmt.name} has {fmt.bits} bits; codes are uint8, for formats of at most 8 bits "
+            f"(for {fmt.name}, cast and convert to its torch dtype instead)"
+        )
+
+
+def round_to_codes(v: torch.Tensor, fmt: FloatFormat, *, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 codes of `v` rounded onto `fmt` (saturating): the codes of round_to_format(v).
+
+    NaN becomes the format's NaN code; a format without one refuses NaN (ValueError).
+    """
+    check_code_width(fmt)
+    nan = torch.isnan(v)
+    if not fmt.has_nan and not torch.compiler.is_compiling() and bool(nan.any()):
+        raise ValueError(f"{fmt.name} has no NaN code, and the input holds NaN")
+    mag = v.abs()
+    finite = torch.isfinite(mag)
+    e, units, _ = _round_units(torch.where(finite, mag, 0.0), fmt, noise)
+    # magnitude code = (e + bias − 1) · 2^M + units: exponent field and mantissa at once
+    units = units.clamp(max=2.0 ** (fmt.man_bits + 1))  # more than this overflows anyway
+    code = (e + (fmt.bias - 1)) * (1 << fmt.man_bits) + units.to(e.dtype)
+    code = torch.where(finite, code, fmt.max_code).clamp(0, fmt.max_code)  # saturate
+    if fmt.is_integer:
+        code = torch.where(torch.signbit(v), -code, code) & ((1 << fmt.bits) - 1)
+    elif fmt.signed:
+        code = code | (torch.signbit(v).to(code.dtype) << (fmt.exp_bits + fmt.man_bits))
+    else:  # e8m0: zero and negative values have no code
+        code = torch.where(v > 0, code, fmt.nan_code)
+    if fmt.has_nan:
+        nan_code = fmt.nan_code | (1 << (fmt.exp_bits + fmt.man_bits) if fmt.signed else 0)
+        code = torch.where(nan & torch.signbit(v), nan_code, torch.where(nan, fmt.nan_code, code))
+    return code.to(torch.uint8)
 
 
 def cast(
@@ -157,8 +217,9 @@ def cast(
             "use saturate=True"
         )
     noise = draw_noise(x.shape, x.device, generator) if rounding == "stochastic" else None
+    dtype = work_dtype(x.dtype, fmt)
 
     def rounded(v, bits):
-        return round_to_format(v.to(torch.float64), fmt, noise=bits, saturate=saturate).float()
+        return round_to_format(v.to(dtype), fmt, noise=bits, saturate=saturate).float()
 
     return in_chunks(rounded, x.detach(), noise)

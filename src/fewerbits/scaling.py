@@ -71,14 +71,14 @@ def pow2_exponent(amax: torch.Tensor, elem: FloatFormat, rule: str) -> torch.Ten
     if rule == "rceil":
         v = (a * _reciprocal_f32(elem.max, amax)).double()  # the product is rounded in fp32
         e = exponent_of(v)
-        k = e + (v > exp2(e)).long()
+        k = e + (v > exp2(e)).to(e.dtype)
     else:
         a = a.double()
         if rule == "even":
             a = round_to_format(a, _unbounded(elem))
         e = exponent_of(a)
         if rule == "ceil":
-            e = e + (a > exp2(e)).long()
+            e = e + (a > exp2(e)).to(e.dtype)
         elif rule not in ("floor", "even"):
             raise ValueError(f"not a power-of-two rule: {rule!r}")
         k = e - elem.emax
@@ -93,9 +93,10 @@ def _unbounded(elem: FloatFormat) -> FloatFormat:
 def pow2_scale(
     amax: torch.Tensor, elem: FloatFormat, rule: str, scale_fmt: FloatFormat
 ) -> torch.Tensor:
-    """Power-of-two decode scales (float64), exponent clamped to `scale_fmt`'s range."""
+    """Power-of-two decode scales (float32: 2^-127 … 2^127 are all exact), exponent clamped to
+    `scale_fmt`'s range."""
     k = pow2_exponent(amax, elem, rule).clamp(scale_fmt.emin, scale_fmt.emax)
-    return _nan_where_not_finite(exp2(k), amax)
+    return _nan_where_not_finite(exp2(k, torch.float32), amax)
 
 
 def two_level_scales(
@@ -110,7 +111,7 @@ def two_level_scales(
     multiplier = s_enc * _reciprocal_f32(elem.max, s_enc)
     raw = torch.clamp(block_amax.float() * multiplier, max=FLT_MAX)
     raw = raw.clamp(-scale_fmt.max, scale_fmt.max)
-    block = round_to_format(raw.double(), scale_fmt).float()
+    block = round_to_format(raw, scale_fmt)  # exact in fp32 for E4M3
     block = _nan_where_not_finite(block, block_amax)
     enc = torch.clamp(1.0 / (block * s_dec), max=FLT_MAX)
     return block, s_dec, enc

@@ -1,0 +1,359 @@
+"""The trainer on CPU: loss falls under every recipe, resume, checkpoints, loss scaling, guards."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fewerbits as fb
+from fewerbits.cli import main
+from fewerbits.diagnostics import sqnr_db
+from fewerbits.models import Llama, get_preset
+from fewerbits.train import TrainConfig, compare, train
+from fewerbits.train import checkpoint as ckpt
+from fewerbits.train.data import DataError, batch, eval_windows, prepare
+from fewerbits.train.loop import RunError
+from fewerbits.train.metrics import read_metrics
+from fewerbits.train.precision import apply_recipe
+from fewerbits.train.scaler import LossScaler
+
+WORDS = "def return self if else for in range len value index total count result item key data node".split()
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """A folder of 300 small generated 'source files' (deterministic)."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    for i in range(300):
+        lines = []
+        for _ in range(rng.randint(5, 30)):
+            indent = "    " * rng.randint(0, 2)
+            words = [rng.choice(WORDS) if rng.random() < 0.8 else f"x{rng.randint(0, 2000)}" for _ in range(rng.randint(2, 8))]
+            lines.append(indent + " ".join(words))
+        (root / f"module_{i:03d}.py").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def config(corpus, cache, tmp_path, **kw):
+    base = dict(data=str(corpus), cache_dir=str(cache), vocab_size=512, preset="tiny", steps=20,
+                batch_size=4, seq_len=64, eval_every=10, eval_windows=8, log_every=1,
+                checkpoint_every=10, progress=False, tensorboard=False, out=str(tmp_path / "run"))
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+# -- data -----------------------------------------------------------------------------------------
+
+
+def test_user_folder_is_split_by_document_and_cached(corpus, cache):
+    data = prepare(str(corpus), 512, cache)
+    assert 300 < data.vocab_size <= 512 and len(data.train) > 20 * len(data.val) > 0
+    again = prepare(str(corpus), 512, cache)
+    assert np.array_equal(np.asarray(again.train), np.asarray(data.train))
+    meta = json.loads((data.tokenizer_path.parent / "meta.json").read_text())
+    assert meta["val_documents"] > 0 and meta["train_documents"] + meta["val_documents"] == 300
+
+
+def test_batches_are_a_function_of_seed_and_step(corpus, cache):
+    data = prepare(str(corpus), 512, cache)
+    a = batch(data.train, 4, 32, seed=0, step=7)
+    assert all(torch.equal(u, v) for u, v in zip(a, batch(data.train, 4, 32, seed=0, step=7)))
+    assert not torch.equal(a[0], batch(data.train, 4, 32, seed=0, step=8)[0])
+    x, y = a
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
+    w1, w2 = eval_windows(data.val, 8, 32), eval_windows(data.val, 8, 32)
+    assert torch.equal(w1[0], w2[0])
+
+
+def test_jsonl_text_and_bin_data(tmp_path, cache):
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"text": f"document {i} " + "words " * (i % 7 + 3)}) for i in range(400)))
+    assert prepare(str(jsonl), 300, cache).vocab_size <= 300
+    txt = tmp_path / "d.txt"
+    txt.write_text("\n\n".join(f"paragraph {i} " + "more text " * (i % 5 + 1) for i in range(400)))
+    assert len(prepare(str(txt), 300, cache).val) > 0
+    ids = np.random.default_rng(0).integers(0, 1000, 50_000).astype(np.uint16)
+    ids.tofile(tmp_path / "ids.bin")
+    data = prepare(str(tmp_path / "ids.bin"), 1000, cache)
+    assert data.tokenizer_path is None and len(data.val) == 1000
+    with pytest.raises(DataError, match="beyond the vocabulary of 500; pass --vocab-size 1000"):
+        prepare(str(tmp_path / "ids.bin"), 500, cache)
+
+
+def test_bad_data_paths(tmp_path, cache):
+    with pytest.raises(DataError, match="does not exist"):
+        prepare(str(tmp_path / "missing.txt"), 512, cache)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="holds no text"):
+        prepare(str(tmp_path / "empty"), 512, cache)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"body": "x"}\n')
+    with pytest.raises(DataError, match="bad.jsonl:1: each JSONL line needs"):
+        prepare(str(bad), 512, cache)
+
+
+def test_default_corpus_is_pinned_and_large(cache):
+    data = prepare(None, 8192, cache)
+    assert data.source == "default corpus" and data.vocab_size == 8192
+    assert len(data.train) + len(data.val) >= 10_000_000
+    # sympy 1.14.0 + mpmath 1.3.0 + networkx 3.6.1, byte for byte
+    assert data.fingerprint == "5f132ad279cff5edf8c52f8b4b52e6865c9bd1848557a812c61b0db7c34e02da"
+    assert data.describe().startswith("default corpus:")
+
+
+# -- the model and its precision -----------------------------------------------------------------
+
+
+def test_conversion_of_the_model_keeps_head_and_router():
+    cfg = get_preset("tiny-moe", 512)
+    model = Llama(cfg)
+    report = apply_recipe(model, "mxfp4_qat_experts")
+    rows = {r.name: r for r in report.layers}
+    assert rows["lm_head"].got == "bfloat16" and not rows["lm_head"].quantized
+    assert rows["layers.0.mlp.router"].got == "bfloat16"
+    assert rows["layers.0.mlp.experts.1.up_proj"].got == "mxfp4_qat_expert"
+    assert rows["layers.0.attn.q_proj"].got == "mxfp4_qat_experts"
+    assert isinstance(model.lm_head, fb.QuantizedLinear)  # in the compute dtype
+    logits = model(torch.randint(0, 512, (2, 16)))
+    assert logits.dtype == torch.bfloat16 and model.aux_loss() is not None
+
+
+def test_model_config_errors():
+    with pytest.raises(ValueError, match="valid presets: tiny"):
+        get_preset("huge")
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        fb.models.ModelConfig(dim=64, n_layers=1, n_heads=4, n_kv_heads=3, ffn_dim=64)
+
+
+# -- training ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", list(fb.RECIPES))
+def test_loss_falls_under_every_recipe(recipe, corpus, cache, tmp_path):
+    preset = "tiny-moe" if recipe == "mxfp4_qat_experts" else "tiny"
+    summary = train(config(corpus, cache, tmp_path, recipe=recipe, preset=preset))
+    vals = [r["val_loss"] for r in read_metrics(tmp_path / "run") if "val_loss" in r]
+    first_loss = read_metrics(tmp_path / "run")[0]["loss"]
+    assert summary["final_val_loss"] < first_loss - 1.0, (first_loss, vals)
+    assert summary["skipped_steps"] == 0 and summary["steps"] == 20
+
+
+def test_metrics_lines(corpus, cache, tmp_path):
+    train(config(corpus, cache, tmp_path, steps=10))
+    rows = read_metrics(tmp_path / "run")
+    step_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in step_rows] == list(range(1, 11))
+    assert set(step_rows[0]) >= {"step", "loss", "lr", "grad_norm", "tokens_per_s", "loss_scale", "skipped"}
+    assert [r["step"] for r in rows if "val_loss" in r] == [10]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["peak_memory_bytes"] > 0 and summary["tokens_per_s"] > 0
+    assert (tmp_path / "run" / "tokenizer.json").exists() and (tmp_path / "run" / "conversion.txt").exists()
+
+
+@pytest.mark.parametrize("recipe", ["fp8_delayed", "nvfp4"])
+def test_resume_equals_an_uninterrupted_run(recipe, corpus, cache, tmp_path):
+    full = config(corpus, cache, tmp_path, recipe=recipe, out=str(tmp_path / "full"), steps=12, checkpoint_every=0)
+    train(full)
+    part = config(corpus, cache, tmp_path, recipe=recipe, out=str(tmp_path / "part"), steps=12, checkpoint_every=0, stop_after=5)
+    train(part)
+    state = ckpt.verify(tmp_path / "part" / "checkpoint")
+    assert state["counters"]["step"] == 5
+    train(config(corpus, cache, tmp_path, recipe=recipe, out=str(tmp_path / "part"), steps=12, checkpoint_every=0, resume=True))
+    losses = lambda run: {r["step"]: r["loss"] for r in read_metrics(tmp_path / run) if "loss" in r}  # noqa: E731
+    assert losses("part") == losses("full")  # steps 6 … 12 included: bit for bit
+    from safetensors.torch import load_file
+
+    w_full = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))
+    w_part = load_file(str(tmp_path / "part" / "checkpoint" / "model.safetensors"))
+    assert w_full.keys() == w_part.keys() and all(torch.equal(w_full[k], w_part[k]) for k in w_full)
+
+
+def test_ctrl_c_writes_a_checkpoint(corpus, cache, tmp_path, monkeypatch):
+    import fewerbits.train.loop as loop
+
+    real_batch, calls = loop.batch, {"n": 0}
+
+    def interrupt_at_step_7(tokens, b, t, seed, step, micro=0):
+        if step == 7:
+            raise KeyboardInterrupt
+        return real_batch(tokens, b, t, seed, step, micro)
+
+    monkeypatch.setattr(loop, "batch", interrupt_at_step_7)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(corpus, cache, tmp_path, steps=12, checkpoint_every=0))
+    assert ckpt.verify(tmp_path / "run" / "checkpoint")["counters"]["step"] == 7
+    monkeypatch.setattr(loop, "batch", real_batch)
+    summary = train(config(corpus, cache, tmp_path, steps=12, checkpoint_every=0, resume=True))
+    assert summary["steps"] == 12
+
+
+def test_run_folder_is_never_overwritten_by_surprise(corpus, cache, tmp_path):
+    cfg = config(corpus, cache, tmp_path, steps=3)
+    train(cfg)
+    with pytest.raises(RunError, match="already holds a run; pass --resume .* or --overwrite"):
+        train(cfg)
+    before = (tmp_path / "run" / "checkpoint" / "model.safetensors").read_bytes()
+    assert before == (tmp_path / "run" / "checkpoint" / "model.safetensors").read_bytes()
+    train(config(corpus, cache, tmp_path, steps=3, overwrite=True, seed=1))
+    assert before != (tmp_path / "run" / "checkpoint" / "model.safetensors").read_bytes()
+    with pytest.raises(RunError, match="no checkpoint to resume"):
+        train(config(corpus, cache, tmp_path, out=str(tmp_path / "fresh"), resume=True))
+    with pytest.raises(RunError, match="different model_config"):
+        train(config(corpus, cache, tmp_path, steps=6, resume=True, preset="tiny-moe"))
+
+
+def test_corrupted_or_half_written_checkpoints_are_detected(corpus, cache, tmp_path):
+    train(config(corpus, cache, tmp_path, steps=2))
+    path = tmp_path / "run" / "checkpoint"
+    model_file = path / "model.safetensors"
+    data = bytearray(model_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model_file.write_bytes(bytes(data))
+    with pytest.raises(ckpt.CheckpointError, match="model.safetensors does not match its recorded sha256"):
+        ckpt.verify(path)
+    (path / "manifest.json").unlink()
+    with pytest.raises(ckpt.CheckpointError, match="incomplete"):
+        ckpt.verify(path)
+    # a swap cut short: only the old checkpoint and a half-written new one are left
+    run = tmp_path / "run2"
+    train(config(corpus, cache, tmp_path, steps=2, out=str(run)))
+    (run / "checkpoint").rename(run / ".checkpoint-old")
+    (run / ".checkpoint-new").mkdir()
+    (run / ".checkpoint-new" / "model.safetensors").write_bytes(b"partial")
+    assert ckpt.find(run) == run / ".checkpoint-old"
+    train(config(corpus, cache, tmp_path, steps=4, out=str(run), resume=True))
+    assert ckpt.verify(run / "checkpoint")["counters"]["step"] == 4
+
+
+# -- loss scaling and guards ---------------------------------------------------------------------
+
+
+def test_fp16_loss_scaling_saves_gradients_from_underflow():
+    """A loss scaled down by 1e-6: in fp16 the activation gradients underflow to zero, unless
+    the loss is scaled back up before backward (and the gradients unscaled after)."""
+    torch.manual_seed(0)
+    cfg = get_preset("tiny", 256)
+    ref_model = Llama(cfg)
+    x = torch.randint(0, 256, (4, 32))
+
+    def grads(recipe, scale):
+        model = Llama(cfg)
+        model.load_state_dict(ref_model.state_dict())
+        apply_recipe(model, recipe)
+        loss = F.cross_entropy(model(x).float().reshape(-1, 256), x.reshape(-1)) * 1e-6
+        (loss * scale).backward()
+        return torch.cat([p.grad.flatten() / scale for p in model.parameters() if p.grad is not None])
+
+    reference = grads("fp32", 1.0)
+    unscaled = grads("fp16", 1.0)
+    scaled = grads("fp16", 2.0**16)
+    lost = (unscaled == 0).float().mean().item()
+    assert lost > 0.5  # most gradients vanished
+    assert sqnr_db(reference, unscaled) < 3
+    assert sqnr_db(reference, scaled) > 20
+    assert (scaled == 0).float().mean().item() < 0.05
+
+
+def test_dynamic_scaler_backs_off_and_grows():
+    s = LossScaler.create("dynamic")
+    assert s.scale == 2.0**16
+    s.update(found_inf=True)
+    assert s.scale == 2.0**15
+    s.growth_interval = 3
+    for _ in range(3):
+        s.update(found_inf=False)
+    assert s.scale == 2.0**16
+    static = LossScaler.create("static", 1024)
+    static.update(found_inf=True)
+    assert static.scale == 1024
+    with pytest.raises(ValueError, match="none, dynamic or static"):
+        LossScaler.create("sometimes")
+
+
+def test_overflow_is_skipped_counted_and_backed_off(corpus, cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(LossScaler, "create", classmethod(lambda cls, mode, s=0: cls("dynamic", 2.0**30)))
+    summary = train(config(corpus, cache, tmp_path, recipe="fp16", steps=25))
+    rows = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert summary["skipped_steps"] >= 1 and rows[0]["skipped"] is True
+    assert summary["loss_scale"] < 2.0**30
+    assert not rows[-1]["skipped"] and summary["final_val_loss"] < rows[0]["loss"]
+
+
+def test_spikes_are_detected_and_can_be_skipped(corpus, cache, tmp_path):
+    summary = train(config(corpus, cache, tmp_path, steps=10, spike_factor=0.5, skip_spikes=True, warmup=2))
+    assert summary["spikes"] >= 1 and summary["skipped_steps"] == summary["spikes"]
+
+
+def test_bf16_optimizer_states(corpus, cache, tmp_path):
+    summary = train(config(corpus, cache, tmp_path, optimizer_states="bfloat16"))
+    opt = torch.load(tmp_path / "run" / "checkpoint" / "optimizer.pt", weights_only=True)
+    assert next(iter(opt["state"].values()))["exp_avg"].dtype == torch.bfloat16
+    assert summary["final_val_loss"] < 6.0
+
+
+def test_adamw_matches_torch():
+    torch.manual_seed(0)
+    p1 = torch.nn.Parameter(torch.randn(10, 10))
+    p2 = torch.nn.Parameter(p1.detach().clone())
+    ours = fb.train.optim.AdamW([p1], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    ref = torch.optim.AdamW([p2], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    for _ in range(5):
+        g = torch.randn(10, 10)
+        p1.grad, p2.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    assert torch.allclose(p1, p2, atol=1e-6)
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+
+def cli(corpus, cache, tmp_path, *extra):
+    return ["--data", str(corpus), "--cache-dir", str(cache), "--vocab-size", "512", "--batch-size", "4",
+            "--seq-len", "64", "--eval-every", "5", "--eval-windows", "4", "--no-progress", "--no-tensorboard", *extra]
+
+
+def test_cli_train_sample_and_errors(corpus, cache, tmp_path, capsys):
+    out = str(tmp_path / "r")
+    assert main(["train", "--recipe", "mxfp8", "--steps", "10", "--out", out, *cli(corpus, cache, tmp_path)]) == 0
+    assert "mxfp8: 10 steps" in capsys.readouterr().out
+    assert main(["sample", "--checkpoint", out, "--prompt", "def ", "--tokens", "12"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("def ") and len(text) > 8
+    for argv, message in [
+        (["train", "--recipe", "fp7", "--out", out], "unknown recipe 'fp7'; valid recipes"),
+        (["train", "--preset", "giant", "--out", str(tmp_path / "g"), *cli(corpus, cache, tmp_path)], "unknown preset 'giant'"),
+        (["train", "--steps", "10", "--out", out, *cli(corpus, cache, tmp_path)], "already holds a run"),
+        (["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "n")], "does not exist"),
+        (["sample", "--checkpoint", str(tmp_path / "nothing")], "holds no checkpoint"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("fewerbits: error:") and message in err and "\n" not in err, err
+
+
+def test_compare_writes_table_and_figure(corpus, cache, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    argv = ["compare", "--recipes", "bf16,mxfp4", "--steps", "6", "--out", str(out), *cli(corpus, cache, tmp_path)]
+    assert main(argv) == 0
+    table = (out / "compare.md").read_text()
+    assert "| bf16 |" in table and "| mxfp4 |" in table and "+0.00%" in table
+    assert (out / "compare.png").stat().st_size > 10_000
+    assert "fewerbits compare --recipes bf16,mxfp4" in table
+    s = [json.loads((out / r / "summary.json").read_text()) for r in ("bf16", "mxfp4")]
+    assert s[0]["final_val_loss"] != s[1]["final_val_loss"]
+    first = lambda r: read_metrics(out / r)[0]["loss"]  # noqa: E731
+    assert first("bf16") == pytest.approx(first("mxfp4"), rel=0.02)  # same weights, same batch
+    capsys.readouterr()
+    assert main(argv) == 2 and "already holds a comparison" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="valid recipes"):
+        compare(config(corpus, cache, tmp_path, out=str(tmp_path / "c2")), ["bf16", "fp5"])
