@@ -148,7 +148,11 @@ def test_loss_falls_under_every_recipe(recipe, corpus, cache, tmp_path):
 
 
 def test_metrics_lines(corpus, cache, tmp_path):
-    train(config(corpus, cache, tmp_path, steps=10))
+    train(config(corpus, cache, tmp_path, steps=10, tensorboard=True))
+    events = list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 100
+    data = json.loads((tmp_path / "run" / "data.json").read_text())
+    assert len(data["sha256"]) == 64 and data["train_tokens"] > 0
     rows = read_metrics(tmp_path / "run")
     step_rows = [r for r in rows if "loss" in r]
     assert [r["step"] for r in step_rows] == list(range(1, 11))

@@ -163,7 +163,7 @@ def cmd_train(args) -> int:
     else:
         cfg = _config_from_args(args)
     try:
-        summary = train(cfg)
+        summary = train(cfg, log=print)
     except KeyboardInterrupt:
         print(f"\ninterrupted: checkpoint written to {cfg.out}/checkpoint (--resume continues)", file=sys.stderr)
         return 130

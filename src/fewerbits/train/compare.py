@@ -23,6 +23,7 @@ import torch
 
 from ..hardware import device_name, resolve_device
 from ..recipes import get_recipe
+from .data import prepare
 from .loop import RunError, TrainConfig
 from .metrics import read_metrics
 
@@ -38,6 +39,8 @@ def compare(cfg: TrainConfig, recipes: list[str], *, echo=print) -> list[dict]:
     if (out / "compare.md").exists() and not (cfg.resume or cfg.overwrite):
         raise RunError(f"{out} already holds a comparison; pass --resume to continue it or --overwrite to start over")
     out.mkdir(parents=True, exist_ok=True)
+    data = prepare(cfg.data, cfg.vocab_size, cfg.cache_dir, cfg.token_dtype)  # once, here: the
+    echo(f"data: {data.describe()}")  # runs then only read the cache, and their memory is their own
     summaries = []
     for i, name in enumerate(recipes):
         run_cfg = replace(cfg, recipe=name, out=str(out / name))

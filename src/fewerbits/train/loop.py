@@ -167,11 +167,16 @@ def build(cfg: TrainConfig, data: TokenData, device: torch.device):
     return model, model_cfg, report
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Run (or resume) one training run; returns its summary."""
+def train(cfg: TrainConfig, log=lambda line: None) -> dict:
+    """Run (or resume) one training run; returns its summary. `log` receives progress notes."""
     device = resolve_device(cfg.device)
     run = _prepare_run_dir(cfg)
     data = prepare(cfg.data, cfg.vocab_size, cfg.cache_dir, cfg.token_dtype)
+    log(f"data: {data.describe()}")
+    (run / "data.json").write_text(json.dumps({
+        "source": data.source, "sha256": data.fingerprint, "vocab_size": data.vocab_size,
+        "train_tokens": len(data.train), "val_tokens": len(data.val),
+    }, indent=2))
     if data.tokenizer_path is not None:
         shutil.copyfile(data.tokenizer_path, run / "tokenizer.json")
     recipe = get_recipe(cfg.recipe)
@@ -298,7 +303,8 @@ def train(cfg: TrainConfig) -> dict:
         "tokens_per_s": statistics.median(rates[len(rates) // 5 :]) if rates else None,
         "peak_memory_bytes": peak, "peak_memory_kind": kind, "skipped_steps": counters["skipped"],
         "spikes": counters["spikes"], "loss_scale": scaler.scale, "device": str(device),
-        "data": data.describe(), "wall_s": time.perf_counter() - wall0, "run_dir": str(run),
+        "data": data.describe(), "data_sha256": data.fingerprint,
+        "wall_s": time.perf_counter() - wall0, "run_dir": str(run),
         "torch": torch.__version__,
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
