@@ -17,9 +17,10 @@ in high precision; `grad_weight` is produced in the weight's dtype (fp32 master 
 `grad_input` and the output in the input's (like nn.Linear; a model whose activations are
 bf16 gets bf16 out, an fp32 model fp32, whatever the GEMMs ran in).
 
-What is saved for backward: the weight (the parameter itself, no copy) and the input in the
-compute dtype — or, with `save_quantized_input=True`, only the input's column-wise quantized
-copy for the weight-gradient GEMM, which is what that GEMM needs and all it needs.
+What is saved for backward: the weight (the parameter itself, no copy; with weight QAT, its
+fake-quantized copy, which is what dgrad multiplies by) and the input as it arrived — or, with
+`save_quantized_input=True`, only the input's column-wise quantized copy for the weight-gradient
+GEMM, which is what that GEMM needs and all it needs.
 
 Delayed scaling (`fp8_delayed`) keeps, per tensor role (input, weight, grad_output), an amax
 history and the amax the next quantization uses, as buffers: they are saved and restored with
@@ -142,7 +143,8 @@ class _QuantizedLinearFn(torch.autograd.Function):
             ctx.save_for_backward(weight, input_t.data, input_t.scale, input_t.tensor_scale)
         else:
             ctx.input_t = None
-            ctx.save_for_backward(weight, x2)  # as given: the activations are already in the compute dtype in a converted model
+            ctx.save_for_backward(weight, x2)  # as given (a converted model's activations are
+            # already in the compute dtype)
         ctx.cfg, ctx.amax_in, ctx.amax_w = cfg, amax_in, amax_w
         ctx.has_bias, ctx.x_shape, ctx.x_dtype = bias is not None, x.shape, x.dtype
         return out.reshape(*x.shape[:-1], out.shape[-1])
