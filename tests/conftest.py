@@ -1,11 +1,17 @@
 """Shared test helpers: the independent oracle (ml_dtypes / numpy) for each element format."""
 
-import ml_dtypes
-import numpy as np
-import pytest
+import os
+
 import torch
 
-from fewerbits import FORMATS
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter on a CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from fewerbits import FORMATS  # noqa: E402
 
 #: numpy dtypes that hold each format, from ml_dtypes: the independent oracle.
 ORACLE = {

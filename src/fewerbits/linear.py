@@ -34,6 +34,7 @@ from dataclasses import replace
 import torch
 import torch.nn as nn
 
+from . import kernels
 from .gemm import full_fp32, mm_fp32_out, scaled_matmul
 from .quantize import QuantizedTensor, quantize
 from .recipes import DelayedScaling, Gemm, Operand, Recipe, get_recipe
@@ -85,7 +86,7 @@ def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=No
         t = gemm.hadamard.transform(t, dim=axis)
     if op.scheme is None:
         return (t if axis == 1 else t.t()).to(dtype)
-    return quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax)
+    return kernels.quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax)
 
 
 def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native) -> torch.Tensor:

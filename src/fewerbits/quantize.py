@@ -123,6 +123,65 @@ def quantize(
     or one for all: delayed scaling); values beyond it saturate. A block that holds NaN or
     ±inf still gets a NaN scale.
     """
+    plan = make_plan(x, scheme, scale_rule=scale_rule, rounding=rounding, generator=generator,
+                     axis=axis, amax=amax)
+    codes = [
+        element_codes(plan.X[r0:r1], plan.block_values(r0, r1), plan.scheme,
+                      None if plan.noise is None else plan.noise[r0:r1])
+        for r0, r1 in _row_chunks(plan.rows, plan.cols, plan.X.device)
+    ]
+    codes = torch.cat(codes) if codes else plan.X.new_zeros(plan.rows, plan.cols, dtype=torch.uint8)
+    return plan.finish(pack(codes, plan.scheme.elem))
+
+
+def element_codes(chunk, block_factor, scheme: Scheme, noise=None):
+    """The element pass: codes of x scaled by its block's factor (the spec of every kernel)."""
+    if scheme.two_level:
+        scaled = chunk * block_factor  # x × enc, the product rounded in fp32
+    else:
+        scaled = chunk / block_factor  # x / scale: exact for powers of two, else rounded in fp32
+    scaled = torch.where(torch.isfinite(block_factor), scaled, 0.0)  # NaN-scale blocks: 0 codes
+    return round_to_codes(scaled, scheme.elem, noise=noise)
+
+
+@dataclass
+class Plan:
+    """Everything before the element pass: the 2-D view, the scales, the noise."""
+
+    x_shape: torch.Size
+    axis: int
+    scheme: Scheme
+    X: torch.Tensor  #: (R, C) float32, blocked axis last (a view where the layout allows)
+    br: int
+    bc: int
+    scales: torch.Tensor  #: decode scale per block, float32
+    factor: torch.Tensor  #: per block: the divisor (scale) or, two-level, the multiplier enc
+    tensor_scale: torch.Tensor | None
+    noise: torch.Tensor | None  #: int32 noise bits per element (stochastic rounding)
+
+    @property
+    def rows(self) -> int:
+        return self.X.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.X.shape[1]
+
+    def block_values(self, r0: int, r1: int) -> torch.Tensor:
+        return _per_element(self.factor, self.br, self.bc, r0, r1, self.cols)
+
+    def finish(self, data: torch.Tensor) -> QuantizedTensor:
+        """The QuantizedTensor from packed element codes."""
+        fmt = self.scheme.scale_fmt
+        if fmt.bits <= 8:
+            stored = round_to_codes(self.scales.to(work_dtype(self.scales.dtype, fmt)), fmt)
+        else:
+            stored = self.scales.float()
+        return QuantizedTensor(data, stored, self.scheme, self.x_shape, self.axis, self.tensor_scale)
+
+
+def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None, axis=-1, amax=None) -> Plan:
+    """Check the arguments, view x as (R, C), compute every block's scale and draw the noise."""
     check_float_tensor(x)
     check_rounding(rounding)
     scheme = get_scheme(scheme, scale_rule)
@@ -136,49 +195,16 @@ def quantize(
     else:
         amax = torch.where(torch.isfinite(actual), amax.float().to(X.device), actual)
     tensor_scale = None
-
     # Per block: the scale to store, and the factor the elements are divided or multiplied by.
     if scheme.two_level:
         tensor_amax = amax.amax() if amax.numel() else amax.new_zeros(())
-        scales, tensor_scale, factor = two_level_scales(
-            amax, tensor_amax, scheme.elem, scheme.scale_fmt
-        )
+        scales, tensor_scale, factor = two_level_scales(amax, tensor_amax, scheme.elem, scheme.scale_fmt)
     elif scheme.pow2:
         scales = factor = pow2_scale(amax, scheme.elem, scheme.scale_rule, scheme.scale_fmt)
     else:
         scales = factor = amax_scale(amax, scheme.elem)
-
-    def element_codes(chunk, block_factor, noise):
-        if scheme.two_level:
-            scaled = chunk * block_factor  # x × enc, the product rounded in fp32
-        else:
-            scaled = chunk / block_factor  # x / scale: exact for powers of two, else rounded in fp32
-        scaled = torch.where(torch.isfinite(block_factor), scaled, 0.0)  # NaN-scale blocks: 0 codes
-        return round_to_codes(scaled, scheme.elem, noise=noise)
-
     noise = draw_noise((rows, cols), x.device, generator) if rounding == "stochastic" else None
-    codes = [
-        element_codes(
-            X[r0:r1],
-            _per_element(factor, br, bc, r0, r1, cols),
-            None if noise is None else noise[r0:r1],
-        )
-        for r0, r1 in _row_chunks(rows, cols, X.device)
-    ]
-    codes = torch.cat(codes) if codes else X.new_zeros(rows, cols, dtype=torch.uint8)
-
-    if scheme.scale_fmt.bits <= 8:
-        stored = round_to_codes(scales.to(work_dtype(scales.dtype, scheme.scale_fmt)), scheme.scale_fmt)
-    else:
-        stored = scales.float()
-    return QuantizedTensor(
-        data=pack(codes, scheme.elem),
-        scale=stored,
-        scheme=scheme,
-        shape=x.shape,
-        axis=axis,
-        tensor_scale=tensor_scale,
-    )
+    return Plan(x.shape, axis, scheme, X, br, bc, scales, factor, tensor_scale, noise)
 
 
 def fake_quantize(x: torch.Tensor, scheme: str | Scheme, *, dtype=torch.float32, **kwargs):

@@ -1,0 +1,109 @@
+"""The element pass of quantization as one Triton kernel: scale, round, encode, pack.
+
+    X (R, C), any strides ─┐                        one program = one TILE_R × TILE_C tile
+    factor (R/br, C/bc) ───┼─► v = x / scale  (or x × enc, two-level)      correctly rounded
+    noise (R, C) int32 ────┘   code = round_to_codes(v)   nearest-even, or noise < fraction
+                               fp4: two codes per byte, low nibble first ─► out (R, C or C/2)
+
+    ┌──────── TILE_C ────────┐
+    │ b0 │ b1 │ b2 │ b3 │ … │  blocks of bc columns (and br rows) share one factor, looked up
+    └────┴────┴────┴────┴───┘  by (row // br, col // bc): any block shape, any layout of X
+
+Bit for bit the reference (`quantize.element_codes`, `rounding.round_to_codes`): the same fp32
+arithmetic in the same order — the binade from the exponent field, the units as |v| · 2^(M−e)
+(exact), round half to even from floor and the exact fraction, the code as
+(e + bias − 1) · 2^M + units, saturated — and the stochastic noise is the reference's own
+int32 draw, passed in. Scales and amaxes are computed by the reference code before the kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats import FloatFormat
+
+
+@triton.jit
+def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
+                 EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
+                 NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, STOCHASTIC: tl.constexpr):
+    neg = v.to(tl.int32, bitcast=True) < 0
+    nan = v != v
+    mag = tl.abs(v)
+    finite = mag < float("inf")
+    mag = tl.where(finite, mag, 0.0)
+    e = ((mag.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.minimum(tl.maximum(e, EMIN), EMAX + 1)
+    units = mag * ((M - e + 127) << 23).to(tl.float32, bitcast=True)  # |v| · 2^(M − e): exact
+    units = tl.minimum(units, 2.0 ** (M + 2))  # beyond this everything saturates anyway
+    low = tl.floor(units)
+    frac = units - low
+    if STOCHASTIC:
+        up = noise.to(tl.float32) * (1.0 / 16777216.0) < frac
+    else:
+        up = (frac > 0.5) | ((frac == 0.5) & ((low.to(tl.int32) & 1) == 1))
+    r = tl.minimum(low + up.to(tl.float32), 2.0 ** (M + 1))
+    code = (e + (BIAS - 1)) * (1 << M) + r.to(tl.int32)
+    code = tl.where(finite, code, MAX_CODE)
+    code = tl.minimum(tl.maximum(code, 0), MAX_CODE)
+    if IS_INT:
+        code = tl.where(neg, -code, code) & ((1 << BITS) - 1)
+    else:
+        code = code | (neg.to(tl.int32) << (E + M))
+    if HAS_NAN:
+        code = tl.where(nan, NAN_CODE | (neg.to(tl.int32) << (E + M)), code)
+    return code
+
+
+@triton.jit
+def _cast_kernel(x_ptr, f_ptr, noise_ptr, out_ptr, R, C, sxr, sxc, sfr, sfc, snr, snc, sor, br, bc,
+                 TILE_R: tl.constexpr, TILE_C: tl.constexpr, MULTIPLY: tl.constexpr,
+                 STOCHASTIC: tl.constexpr, PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
+                 BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+                 BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr):
+    rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
+    cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
+    inside = (rows < R)[:, None] & (cols < C)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * sxr + cols[None, :] * sxc, mask=inside, other=0.0).to(tl.float32)
+    f = tl.load(f_ptr + (rows // br)[:, None] * sfr + (cols // bc)[None, :] * sfc, mask=inside, other=1.0)
+    if MULTIPLY:
+        v = x * f  # two-level: x × enc
+    else:
+        v = tl.div_rn(x, f)  # x / scale, correctly rounded
+    v = tl.where(tl.abs(f) < float("inf"), v, 0.0)  # a NaN scale: the block keeps zero codes
+    noise = 0
+    if STOCHASTIC:
+        noise = tl.load(noise_ptr + rows[:, None] * snr + cols[None, :] * snc, mask=inside, other=0)
+    code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
+    if PACK == 2:  # two codes a byte, the first in the low nibble; padding columns are code 0
+        lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
+        pairs = tl.program_id(1) * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
+        keep = (rows < R)[:, None] & (pairs < (C + 1) // 2)[None, :]
+        tl.store(out_ptr + rows[:, None] * sor + pairs[None, :], (lo | (hi << 4)).to(tl.uint8), mask=keep)
+    else:
+        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], code.to(tl.uint8), mask=inside)
+
+
+def cast_codes(X: torch.Tensor, factor: torch.Tensor, br: int, bc: int, fmt: FloatFormat, *,
+               multiply: bool, noise: torch.Tensor | None, pack: bool,
+               tile_r: int = 16, tile_c: int = 128) -> torch.Tensor:
+    """Codes (uint8) of X scaled blockwise: (R, C), or (R, ceil(C/2)) packed for 4-bit formats."""
+    R, C = X.shape
+    pack = pack and fmt.bits == 4
+    out = torch.empty(R, (C + 1) // 2 if pack else C, dtype=torch.uint8, device=X.device)
+    if X.numel() == 0:
+        return out
+    factor = factor.float()
+    grid = (triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))
+    n = noise if noise is not None else X  # never read without STOCHASTIC
+    _cast_kernel[grid](
+        X, factor, n, out, R, C, X.stride(0), X.stride(1), factor.stride(0), factor.stride(1),
+        n.stride(0), n.stride(1), out.stride(0), br, bc,
+        TILE_R=tile_r, TILE_C=tile_c, MULTIPLY=multiply, STOCHASTIC=noise is not None,
+        PACK=2 if pack else 1, E=fmt.exp_bits, M=fmt.man_bits, BIAS=fmt.bias, EMIN=fmt.emin,
+        EMAX=fmt.emax, MAX_CODE=fmt.max_code, BITS=fmt.bits, HAS_NAN=fmt.has_nan,
+        NAN_CODE=fmt.nan_code or 0, IS_INT=fmt.is_integer,
+    )
+    return out

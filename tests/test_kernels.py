@@ -1,0 +1,91 @@
+"""The Triton element kernel against the reference, bit for bit: compiled on a GPU, in
+Triton's interpreter on a CPU (conftest sets TRITON_INTERPRET=1 there)."""
+
+import pytest
+import torch
+
+import fewerbits as fb
+from fewerbits import kernels
+from test_quantize import MX, hard_matrix
+
+CASES = [(n, None) for n in fb.SCHEMES] + [(n, r) for n in MX for r in ("rceil", "ceil", "even")]
+CASES += [("fp8_e4m3_row", "rceil"), ("fp8_e4m3_1x128", "floor")]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+USER = [fb.Scheme("int8", (1, 64), "fp32"), fb.Scheme("fp4_e2m1", (8, 8), "e8m0", "rceil"),
+        fb.Scheme("int4", (1, 16), "fp8_e4m3")]
+
+
+@pytest.fixture(autouse=True)
+def triton_backend():
+    kernels.set_backend("triton")
+    yield
+    kernels.set_backend("auto")
+
+
+def same(a: fb.QuantizedTensor, b: fb.QuantizedTensor) -> bool:
+    scales = lambda q: q.scale.view(torch.uint8) if q.scale.dtype == torch.uint8 else q.scale.view(torch.int32)  # noqa: E731
+    ts = (a.tensor_scale is None and b.tensor_scale is None) or torch.equal(a.tensor_scale, b.tensor_scale)
+    return torch.equal(a.data, b.data) and torch.equal(scales(a), scales(b)) and ts and a.shape == b.shape
+
+
+@pytest.mark.parametrize("name, rule", CASES)
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_kernel_equals_reference(name, rule, axis):
+    scheme = fb.get_scheme(name, rule)
+    x = torch.from_numpy(hard_matrix(37, 100, seed=1, specials=scheme.block != (-1, -1))).to(DEVICE)
+    assert same(kernels.quantize(x, scheme, axis=axis), fb.quantize(x, scheme, axis=axis))
+
+
+@pytest.mark.parametrize("scheme", USER, ids=lambda s: s.describe())
+def test_kernel_equals_reference_for_user_schemes(scheme):
+    x = torch.from_numpy(hard_matrix(40, 96, seed=2, specials=False)).to(DEVICE) * 0.01
+    assert same(kernels.quantize(x, scheme), fb.quantize(x, scheme))
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "fp8_e5m2_tensor", "mxfp6_e3m2"])
+def test_stochastic_rounding_uses_the_same_noise(name):
+    x = torch.randn(33, 70, device=DEVICE) * 3
+    gen = lambda: torch.Generator(device=DEVICE).manual_seed(4)  # noqa: E731
+    a = kernels.quantize(x, name, rounding="stochastic", generator=gen())
+    b = fb.quantize(x, name, rounding="stochastic", generator=gen())
+    assert same(a, b)
+
+
+def test_bf16_input_strided_views_amax_override_and_empty():
+    x = torch.randn(64, 96, device=DEVICE).bfloat16()
+    assert same(kernels.quantize(x, "mxfp8_e4m3"), fb.quantize(x, "mxfp8_e4m3"))
+    big = torch.randn(80, 200, device=DEVICE)
+    view = big[::2, 3:131]  # non-contiguous rows and an offset
+    assert same(kernels.quantize(view, "nvfp4", axis=0), fb.quantize(view, "nvfp4", axis=0))
+    amax = torch.tensor(0.5, device=DEVICE)
+    assert same(kernels.quantize(big, "fp8_e4m3_tensor", amax=amax), fb.quantize(big, "fp8_e4m3_tensor", amax=amax))
+    assert kernels.quantize(torch.empty(0, 32, device=DEVICE), "mxfp4").dequantize().shape == (0, 32)
+
+
+def test_backend_switch():
+    kernels.set_backend("reference")
+    assert not kernels.uses_triton(torch.zeros(1))
+    kernels.set_backend("auto")
+    assert kernels.uses_triton(torch.zeros(1)) == torch.cuda.is_available()
+    with pytest.raises(ValueError, match="valid: auto, triton, reference"):
+        kernels.set_backend("cuda")
+
+
+def test_a_layer_trains_the_same_through_the_kernel():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 48).to(DEVICE)
+    x, g = torch.randn(40, 64, device=DEVICE), torch.randn(40, 48, device=DEVICE)
+
+    def grads():
+        q = fb.QuantizedLinear.from_linear(layer, "nvfp4")
+        layer.weight.grad = None
+        xq = x.clone().requires_grad_()
+        torch.manual_seed(1)
+        torch.cuda.manual_seed_all(1)
+        (q(xq).float() * g).sum().backward()
+        return xq.grad, layer.weight.grad.clone()
+
+    fast = grads()
+    kernels.set_backend("reference")
+    ref = grads()
+    assert torch.equal(fast[0], ref[0]) and torch.equal(fast[1], ref[1])
