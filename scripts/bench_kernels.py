@@ -9,29 +9,19 @@ Medians of CUDA-event timings after warm-up, in one process on one GPU.
 """
 
 import argparse
-import statistics
 import sys
 
 import torch
 
 import fewerbits as fb
 from fewerbits import kernels
+from fewerbits.benchmark import cuda_time_ms
 from fewerbits.kernels.cast import cast_codes
 from fewerbits.quantize import make_plan
 
 
 def ms(fn, iters=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return cuda_time_ms(fn, iters, warmup)
 
 
 def main(argv=None):

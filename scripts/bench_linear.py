@@ -11,13 +11,13 @@ all arms in one process on one GPU; the table reports each recipe's time over th
 
 import argparse
 import json
-import statistics
 import sys
 
 import torch
 import torch.nn as nn
 
 import fewerbits as fb
+from fewerbits.benchmark import cuda_time_ms
 from fewerbits.gemm import native_reason
 
 
@@ -28,17 +28,7 @@ def time_step(layer, x, g, warmup: int, iters: int) -> float:
             p.grad = None
         layer(x).backward(g)
 
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return cuda_time_ms(step, iters, warmup)
 
 
 def path_of(recipe: fb.Recipe, m: int, k: int, n: int) -> str:
