@@ -1,11 +1,11 @@
-"""The Triton element kernel against the reference quantizer and a plain copy, per scheme.
+"""The Triton quantization paths against the reference quantizer and a plain copy, per scheme.
 
     python scripts/bench_kernels.py [--size 8192] [--dtype bfloat16]
 
-For an N×N tensor: milliseconds of `fewerbits.quantize` (reference), of `kernels.quantize`
-(reference scales + the Triton element pass), and of the element kernel alone, with the
-kernel's bandwidth (input read + codes written) against a device-to-device copy's.
-Medians of CUDA-event timings after warm-up, in one process on one GPU.
+For an N×N tensor: milliseconds of `fewerbits.quantize` (reference) and of `kernels.quantize`
+(one fused kernel for 1 × bc blocks; reference scales + the element kernel otherwise), with
+`kernels.quantize`'s effective bandwidth (input read once + codes and scales written) against
+a device-to-device copy's. Medians of CUDA-event timings after warm-up, one process, one GPU.
 """
 
 import argparse
@@ -16,8 +16,7 @@ import torch
 import fewerbits as fb
 from fewerbits import kernels
 from fewerbits.benchmark import cuda_time_ms
-from fewerbits.kernels.cast import cast_codes
-from fewerbits.quantize import make_plan
+from fewerbits.kernels import rowblock
 
 
 def ms(fn, iters=20, warmup=3):
@@ -35,19 +34,16 @@ def main(argv=None):
     copy_gbs = 2 * x.nbytes / copy_ms / 1e6
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {n}x{n} {args.dtype}; "
           f"copy {copy_ms:.3f} ms = {copy_gbs:,.0f} GB/s\n")
-    print("| scheme | reference ms | kernels.quantize ms | speed-up | element kernel ms | kernel GB/s | of copy |")
-    print("|---|--:|--:|--:|--:|--:|--:|")
+    print("| scheme | path | reference ms | kernels.quantize ms | speed-up | GB/s | of copy |")
+    print("|---|---|--:|--:|--:|--:|--:|")
     kernels.set_backend("triton")
-    for name in fb.SCHEMES:
+    for name, scheme in fb.SCHEMES.items():
         ref = ms(lambda: fb.quantize(x, name), iters=5, warmup=1)
         fast = ms(lambda: kernels.quantize(x, name))
-        plan = make_plan(x, name)
-        pack = plan.scheme.elem.bits == 4
-        elem = ms(lambda: cast_codes(plan.X, plan.factor, plan.br, plan.bc, plan.scheme.elem,
-                                     multiply=plan.scheme.two_level, noise=None, pack=True))
-        out_bytes = x.numel() * (0.5 if pack else 1)
-        gbs = (plan.X.nbytes + out_bytes) / elem / 1e6
-        print(f"| {name} | {ref:.2f} | {fast:.2f} | {ref / fast:.1f}x | {elem:.3f} | {gbs:,.0f} | {gbs / copy_gbs:.0%} |")
+        q = kernels.quantize(x, name)
+        gbs = (x.nbytes + q.nbytes) / fast / 1e6
+        path = "fused" if rowblock.supported(scheme) else "element kernel"
+        print(f"| {name} | {path} | {ref:.2f} | {fast:.3f} | {ref / fast:.1f}x | {gbs:,.0f} | {gbs / copy_gbs:.0%} |")
     return 0
 
 

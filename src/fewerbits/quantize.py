@@ -172,12 +172,17 @@ class Plan:
 
     def finish(self, data: torch.Tensor) -> QuantizedTensor:
         """The QuantizedTensor from packed element codes."""
-        fmt = self.scheme.scale_fmt
-        if fmt.bits <= 8:
-            stored = round_to_codes(self.scales.to(work_dtype(self.scales.dtype, fmt)), fmt)
-        else:
-            stored = self.scales.float()
-        return QuantizedTensor(data, stored, self.scheme, self.x_shape, self.axis, self.tensor_scale)
+        return assemble(data, self.scales, self.scheme, self.x_shape, self.axis, self.tensor_scale)
+
+
+def assemble(data, scales, scheme: Scheme, shape, axis: int, tensor_scale=None) -> QuantizedTensor:
+    """A QuantizedTensor from packed codes and float32 block scales (stored as codes if 8-bit)."""
+    fmt = scheme.scale_fmt
+    if fmt.bits <= 8:
+        stored = round_to_codes(scales.to(work_dtype(scales.dtype, fmt)), fmt)
+    else:
+        stored = scales.float()
+    return QuantizedTensor(data, stored, scheme, shape, axis, tensor_scale)
 
 
 def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None, axis=-1, amax=None) -> Plan:
@@ -244,11 +249,16 @@ def _matrix_shape(shape: torch.Size, axis: int) -> tuple[int, int]:
     return math.prod([s for i, s in enumerate(shape) if i != axis]), shape[axis]
 
 
-def _to_matrix(x: torch.Tensor, axis: int) -> torch.Tensor:
-    """(R, C) float32 view of x with `axis` last (a copy where the layout needs one)."""
+def matrix_view(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """(R, C) view of x with `axis` last, in x's dtype (a copy only where the layout needs one)."""
     if x.dim() == 0:
-        return x.float().reshape(1, 1)
-    return x.movedim(axis, -1).float().reshape(_matrix_shape(x.shape, axis))
+        return x.reshape(1, 1)
+    return x.movedim(axis, -1).reshape(_matrix_shape(x.shape, axis))
+
+
+def _to_matrix(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """(R, C) float32 matrix of x with `axis` last."""
+    return matrix_view(x, axis).float()
 
 
 def _from_matrix(m: torch.Tensor, shape: torch.Size, axis: int) -> torch.Tensor:

@@ -99,16 +99,22 @@ def pow2_scale(
     return _nan_where_not_finite(exp2(k, torch.float32), amax)
 
 
-def two_level_scales(
-    block_amax: torch.Tensor, tensor_amax: torch.Tensor, elem: FloatFormat, scale_fmt: FloatFormat
+def two_level_tensor_scales(
+    tensor_amax: torch.Tensor, elem: FloatFormat, scale_fmt: FloatFormat
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """NVFP4 scales: (block scales on the E4M3 grid, per-tensor s_dec, per-block enc), float32."""
+    """NVFP4's per-tensor level: (s_enc, s_dec, the block multiplier s_enc · fp32(1/m_e))."""
     tensor_amax = tensor_amax.float()
     s_enc = torch.clamp(_f32(scale_fmt.max * elem.max, tensor_amax) / tensor_amax, max=FLT_MAX)
     degenerate = (tensor_amax == 0) | ~torch.isfinite(s_enc) | (s_enc == 0)
     s_enc = torch.where(degenerate, _f32(1.0, s_enc), s_enc)
-    s_dec = 1.0 / s_enc
-    multiplier = s_enc * _reciprocal_f32(elem.max, s_enc)
+    return s_enc, 1.0 / s_enc, s_enc * _reciprocal_f32(elem.max, s_enc)
+
+
+def two_level_scales(
+    block_amax: torch.Tensor, tensor_amax: torch.Tensor, elem: FloatFormat, scale_fmt: FloatFormat
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """NVFP4 scales: (block scales on the E4M3 grid, per-tensor s_dec, per-block enc), float32."""
+    _, s_dec, multiplier = two_level_tensor_scales(tensor_amax, elem, scale_fmt)
     raw = torch.clamp(block_amax.float() * multiplier, max=FLT_MAX)
     raw = raw.clamp(-scale_fmt.max, scale_fmt.max)
     block = round_to_format(raw, scale_fmt)  # exact in fp32 for E4M3

@@ -4,9 +4,14 @@
     set_backend("triton")      Triton always (CPU tensors too, under TRITON_INTERPRET=1: for tests)
     set_backend("reference")   the plain-torch reference everywhere
 
-`quantize()` here takes the reference's arguments and returns the reference's bits: the scales,
-amaxes and noise come from the reference's own `make_plan`; only the element pass (scale,
-round, encode, pack: one read and one write of the tensor) runs as a kernel (kernels/cast.py).
+`quantize()` here takes the reference's arguments and returns the reference's bits:
+
+    1 × bc blocks (MX, NVFP4 1x16, FP8 1x128)   one kernel reads the tensor once: block amax,
+                                                scale rule, codes, packing (kernels/rowblock.py)
+    every other scheme, or an amax override     the reference's `make_plan` (amaxes, scales),
+                                                then one kernel for the element pass (cast.py)
+
+Stochastic-rounding noise is the reference's own draw, so SR gives the same bits too.
 CPU runs use the reference unless asked otherwise.
 """
 
@@ -17,8 +22,11 @@ import importlib.util
 import torch
 
 from ..codes import pack
-from ..quantize import QuantizedTensor, make_plan
+from ..quantize import QuantizedTensor, assemble, make_plan, matrix_view
+from ..quantize import _normalize_axis as normalize_axis
 from ..quantize import quantize as reference_quantize
+from ..rounding import check_float_tensor, check_rounding, draw_noise
+from ..schemes import get_scheme
 
 BACKENDS = ("auto", "triton", "reference")
 _backend = "auto"
@@ -50,11 +58,26 @@ def uses_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and triton_available()
 
 
-def quantize(x: torch.Tensor, scheme, **kwargs) -> QuantizedTensor:
-    """`fewerbits.quantize` with the element pass in Triton where the backend says so."""
+def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", generator=None,
+             axis=-1, amax=None) -> QuantizedTensor:
+    """`fewerbits.quantize` with Triton kernels where the backend says so (same arguments)."""
+    kwargs = dict(scale_rule=scale_rule, rounding=rounding, generator=generator, axis=axis, amax=amax)
     if not uses_triton(x):
         return reference_quantize(x, scheme, **kwargs)
+    from . import rowblock
     from .cast import cast_codes
+
+    scheme_ = get_scheme(scheme, scale_rule)
+    if rowblock.supported(scheme_) and amax is None:  # amax, scales and codes in one kernel
+        check_float_tensor(x)
+        check_rounding(rounding)
+        ax = normalize_axis(axis, x.dim())
+        X = matrix_view(x.detach(), ax)
+        noise = draw_noise(X.shape, x.device, generator) if rounding == "stochastic" else None
+        codes, scales, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, noise)
+        if scheme_.elem.bits == 6:
+            codes = pack(codes, scheme_.elem)
+        return assemble(codes, scales, scheme_, x.shape, ax, tensor_scale)
 
     plan = make_plan(x, scheme, **kwargs)
     elem = plan.scheme.elem

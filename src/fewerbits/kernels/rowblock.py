@@ -1,0 +1,159 @@
+"""Quantization with 1 × bc blocks (MX, NVFP4 1x16, FP8 1x128) in one read: amax, scale, codes.
+
+    X (R, C), any dtype and strides
+        │ one program = TILE_R rows × TILE_C columns = TILE_R × (TILE_C / bc) whole blocks
+        ▼
+    ┌─ block ─┬─ block ─┬─ … ┐   amax per block (over real elements: padding loads as 0;
+    │ bc cols │ bc cols │    │   NaN anywhere makes the block's amax NaN)
+    └─────────┴─────────┴────┘
+        │ scale rule (as scaling.py): fp32 amax/max · floor · ceil · even · rceil · NVFP4
+        ▼
+    scales (R, C/bc) fp32      codes = round_to_codes(x / scale or x × enc)   fp4 packed 2/byte
+
+The arithmetic is the reference's, step for step, so the bits are the reference's: the rules
+read exponents from the fp32 bit fields (a subnormal amax lands below every scale format's
+smallest exponent and is clamped exactly as the reference clamps it), rceil rounds the
+exponent of amax × fp32(1/max) up as Transformer Engine does, NVFP4 takes s_enc and its
+multiplier from the launcher (one tensor-wide amax), and elements go through
+cast.py's `_round_codes`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..scaling import two_level_tensor_scales
+from ..schemes import Scheme
+from .cast import _round_codes
+
+RULES = {"amax": 0, "floor": 1, "ceil": 2, "even": 3, "rceil": 4, "two_level": 5}
+
+
+@triton.jit
+def _pow2(k):
+    """2^k as fp32 for integer k in [−127, 127] (2^−127 is subnormal)."""
+    return tl.where(k > -127, (k + 127) << 23, 1 << 22).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, snc, sor, ssr,
+                     elem_max, rcp_max, s_dec, mult,
+                     BC: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, RULE: tl.constexpr,
+                     KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr,
+                     STOCHASTIC: tl.constexpr, PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
+                     BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+                     BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr):
+    NB: tl.constexpr = TILE_C // BC
+    rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
+    cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
+    inside = (rows < R)[:, None] & (cols < C)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * sxr + cols[None, :] * sxc, mask=inside, other=0.0).to(tl.float32)
+
+    # ---- amax of each block: (TILE_R, NB) -------------------------------------------------
+    x3 = tl.reshape(x, (TILE_R, NB, BC))
+    amax = tl.max(tl.abs(x3), axis=2)
+    has_nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
+    amax = tl.where(has_nan, float("nan"), amax)
+    finite = amax < float("inf")  # False for inf and NaN
+    abits = amax.to(tl.int32, bitcast=True)
+    afield = (abits >> 23) & 0xFF
+
+    # ---- the scale rule ------------------------------------------------------------------
+    if RULE == 0:  # fp32: amax / max, at least fp32's smallest normal
+        scale = tl.maximum(tl.div_rn(amax, elem_max), 1.1754943508222875e-38)
+        factor = scale
+    elif RULE == 5:  # NVFP4: E4M3 block scale under the tensor's s_enc; elements × enc
+        raw = tl.minimum(tl.minimum(amax * mult, 3.4028234663852886e38), 448.0)
+        e = tl.minimum(tl.maximum(((raw.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6), 9)
+        units = raw * ((3 - e + 127) << 23).to(tl.float32, bitcast=True)
+        low = tl.floor(units)
+        frac = units - low
+        up = (frac > 0.5) | ((frac == 0.5) & ((low.to(tl.int32) & 1) == 1))
+        scale = tl.minimum((low + up.to(tl.float32)) * ((e - 3 + 127) << 23).to(tl.float32, bitcast=True), 448.0)
+        factor = tl.minimum(tl.div_rn(1.0, scale * s_dec), 3.4028234663852886e38)
+    else:  # powers of two: the exponent k of the scale 2^k
+        if RULE == 1:  # floor: 2^(floor(log2 amax) − emax)
+            k = afield - 127 - EMAX_ELEM
+        elif RULE == 2:  # ceil: 2^(ceil(log2 amax) − emax)
+            k = afield - 127 + ((abits & 0x7FFFFF) != 0).to(tl.int32) - EMAX_ELEM
+        elif RULE == 3:  # even: amax rounded to the element's mantissa width, then floor
+            drop: tl.constexpr = 23 - M
+            rounded = (abits + ((1 << (drop - 1)) - 1) + ((abits >> drop) & 1)) & ~((1 << drop) - 1)
+            k = ((rounded >> 23) & 0xFF) - 127 - EMAX_ELEM
+        else:  # rceil: v = amax × fp32(1/max), its exponent rounded up (as TE)
+            vbits = (amax * rcp_max).to(tl.int32, bitcast=True)
+            vfield = (vbits >> 23) & 0xFF
+            mant = vbits & 0x7FFFFF
+            bump = (mant > 0) & ~((vfield == 0) & (mant <= 0x400000))
+            k = vfield - 127 + bump.to(tl.int32)
+        k = tl.minimum(tl.maximum(k, KMIN), KMAX)
+        scale = _pow2(k)
+        factor = scale
+    scale = tl.where(finite, scale, float("nan"))
+    factor = tl.where(finite, factor, float("nan"))
+
+    blocks = tl.program_id(1) * NB + tl.arange(0, NB)
+    tl.store(scale_ptr + rows[:, None] * ssr + blocks[None, :], scale,
+             mask=(rows < R)[:, None] & (blocks * BC < C)[None, :])
+
+    # ---- elements --------------------------------------------------------------------------
+    f3 = tl.broadcast_to(factor[:, :, None], (TILE_R, NB, BC))
+    f = tl.reshape(f3, (TILE_R, TILE_C))
+    if RULE == 5:
+        v = x * f
+    else:
+        v = tl.div_rn(x, f)
+    v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
+    noise = 0
+    if STOCHASTIC:
+        noise = tl.load(noise_ptr + rows[:, None] * snr + cols[None, :] * snc, mask=inside, other=0)
+    code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
+    if PACK == 2:
+        lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
+        pairs = tl.program_id(1) * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
+        keep = (rows < R)[:, None] & (pairs < (C + 1) // 2)[None, :]
+        tl.store(out_ptr + rows[:, None] * sor + pairs[None, :], (lo | (hi << 4)).to(tl.uint8), mask=keep)
+    else:
+        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], code.to(tl.uint8), mask=inside)
+
+
+def supported(scheme: Scheme) -> bool:
+    """1 × bc blocks with bc a power of two from 16 to 128."""
+    br, bc = scheme.block
+    return br == 1 and bc in (16, 32, 64, 128)
+
+
+def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | None, *,
+                       tile_r: int = 16, tile_c: int = 128):
+    """(codes, fp32 block scales, per-tensor decode scale or None) of the (R, C) matrix X."""
+    R, C = X.shape
+    elem, bc = scheme.elem, scheme.block[1]
+    pack = elem.bits == 4
+    nb = -(-C // bc)
+    codes = torch.empty(R, (C + 1) // 2 if pack else C, dtype=torch.uint8, device=X.device)
+    scales = torch.empty(R, nb, dtype=torch.float32, device=X.device)
+    s_dec = mult = None
+    if scheme.two_level:  # the tensor-wide level first, exactly as scaling.py computes it
+        tensor_amax = X.abs().amax().float() if X.numel() else X.new_zeros((), dtype=torch.float32)
+        _, s_dec, mult = two_level_tensor_scales(tensor_amax, elem, scheme.scale_fmt)
+    if X.numel() == 0:
+        return codes, scales, s_dec
+    rule = "two_level" if scheme.two_level else scheme.scale_rule
+    grid = (triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))
+    n = noise if noise is not None else X
+    rcp_max = float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(elem.max, dtype=torch.float32))
+    _rowblock_kernel[grid](
+        X, n, codes, scales, R, C, X.stride(0), X.stride(1), n.stride(0), n.stride(1),
+        codes.stride(0), scales.stride(0),
+        float(elem.max), rcp_max, float(s_dec) if s_dec is not None else 1.0,
+        float(mult) if mult is not None else 1.0,
+        BC=bc, TILE_R=tile_r, TILE_C=tile_c, RULE=RULES[rule],
+        KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
+        STOCHASTIC=noise is not None, PACK=2 if pack else 1, E=elem.exp_bits, M=elem.man_bits,
+        BIAS=elem.bias, EMIN=elem.emin, EMAX=elem.emax, MAX_CODE=elem.max_code, BITS=elem.bits,
+        HAS_NAN=elem.has_nan, NAN_CODE=elem.nan_code or 0, IS_INT=elem.is_integer,
+    )
+    return codes, scales, s_dec
+
