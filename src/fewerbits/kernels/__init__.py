@@ -22,7 +22,7 @@ import importlib.util
 import torch
 
 from ..codes import pack
-from ..quantize import QuantizedTensor, assemble, make_plan, matrix_view
+from ..quantize import QuantizedTensor, make_plan, matrix_view
 from ..quantize import _normalize_axis as normalize_axis
 from ..quantize import quantize as reference_quantize
 from ..rounding import check_float_tensor, check_rounding, draw_noise
@@ -77,7 +77,7 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
         codes, scales, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, noise)
         if scheme_.elem.bits == 6:
             codes = pack(codes, scheme_.elem)
-        return assemble(codes, scales, scheme_, x.shape, ax, tensor_scale)
+        return QuantizedTensor(codes, scales, scheme_, x.shape, ax, tensor_scale)
 
     plan = make_plan(x, scheme, **kwargs)
     elem = plan.scheme.elem

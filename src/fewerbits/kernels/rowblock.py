@@ -44,7 +44,8 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
                      KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr,
                      STOCHASTIC: tl.constexpr, PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
                      BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
-                     BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr):
+                     BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
+                     SCALE_CODES: tl.constexpr):
     NB: tl.constexpr = TILE_C // BC
     rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
     cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
@@ -71,8 +72,11 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
         low = tl.floor(units)
         frac = units - low
         up = (frac > 0.5) | ((frac == 0.5) & ((low.to(tl.int32) & 1) == 1))
-        scale = tl.minimum((low + up.to(tl.float32)) * ((e - 3 + 127) << 23).to(tl.float32, bitcast=True), 448.0)
+        units = low + up.to(tl.float32)
+        scale = tl.minimum(units * ((e - 3 + 127) << 23).to(tl.float32, bitcast=True), 448.0)
         factor = tl.minimum(tl.div_rn(1.0, scale * s_dec), 3.4028234663852886e38)
+        code = tl.minimum((e + 6) * 8 + units.to(tl.int32), 126)  # the E4M3 code, saturated
+        code = tl.where(finite, code, 0x7F)
     else:  # powers of two: the exponent k of the scale 2^k
         if RULE == 1:  # floor: 2^(floor(log2 amax) − emax)
             k = afield - 127 - EMAX_ELEM
@@ -91,12 +95,16 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
         k = tl.minimum(tl.maximum(k, KMIN), KMAX)
         scale = _pow2(k)
         factor = scale
+        code = tl.where(finite, k + 127, 0xFF)  # the E8M0 code
     scale = tl.where(finite, scale, float("nan"))
     factor = tl.where(finite, factor, float("nan"))
 
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
-    tl.store(scale_ptr + rows[:, None] * ssr + blocks[None, :], scale,
-             mask=(rows < R)[:, None] & (blocks * BC < C)[None, :])
+    scale_mask = (rows < R)[:, None] & (blocks * BC < C)[None, :]
+    if SCALE_CODES:  # E8M0 or E4M3: store the code
+        tl.store(scale_ptr + rows[:, None] * ssr + blocks[None, :], code.to(tl.uint8), mask=scale_mask)
+    else:
+        tl.store(scale_ptr + rows[:, None] * ssr + blocks[None, :], scale, mask=scale_mask)
 
     # ---- elements --------------------------------------------------------------------------
     f3 = tl.broadcast_to(factor[:, :, None], (TILE_R, NB, BC))
@@ -127,13 +135,17 @@ def supported(scheme: Scheme) -> bool:
 
 def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | None, *,
                        tile_r: int = 16, tile_c: int = 128):
-    """(codes, fp32 block scales, per-tensor decode scale or None) of the (R, C) matrix X."""
+    """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
+
+    Scales are stored as QuantizedTensor stores them: uint8 codes for E8M0 / E4M3, else fp32.
+    """
     R, C = X.shape
     elem, bc = scheme.elem, scheme.block[1]
     pack = elem.bits == 4
     nb = -(-C // bc)
     codes = torch.empty(R, (C + 1) // 2 if pack else C, dtype=torch.uint8, device=X.device)
-    scales = torch.empty(R, nb, dtype=torch.float32, device=X.device)
+    scale_codes = scheme.scale_fmt.bits <= 8
+    scales = torch.empty(R, nb, dtype=torch.uint8 if scale_codes else torch.float32, device=X.device)
     s_dec = mult = None
     if scheme.two_level:  # the tensor-wide level first, exactly as scaling.py computes it
         tensor_amax = X.abs().amax().float() if X.numel() else X.new_zeros((), dtype=torch.float32)
@@ -154,6 +166,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | No
         STOCHASTIC=noise is not None, PACK=2 if pack else 1, E=elem.exp_bits, M=elem.man_bits,
         BIAS=elem.bias, EMIN=elem.emin, EMAX=elem.emax, MAX_CODE=elem.max_code, BITS=elem.bits,
         HAS_NAN=elem.has_nan, NAN_CODE=elem.nan_code or 0, IS_INT=elem.is_integer,
+        SCALE_CODES=scale_codes,
     )
     return codes, scales, s_dec
 
