@@ -58,6 +58,33 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
 
 
 @triton.jit
+def _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor,
+                  TILE_R: tl.constexpr, TILE_C: tl.constexpr, STOCHASTIC: tl.constexpr, PACK: tl.constexpr,
+                  E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
+                  EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
+                  NAN_CODE: tl.constexpr, IS_INT: tl.constexpr):
+    """Round a tile of scaled values to codes and store them (fp4: two a byte)."""
+    noise = 0
+    if STOCHASTIC:
+        noise = tl.load(noise_ptr + rows[:, None] * snr + cols[None, :] * snc, mask=inside, other=0)
+    code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
+    if PACK == 2:  # two codes a byte, the first in the low nibble; padding columns are code 0
+        lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
+        pairs = tl.program_id(1) * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
+        keep = (rows < R)[:, None] & (pairs < (C + 1) // 2)[None, :]
+        tl.store(out_ptr + rows[:, None] * sor + pairs[None, :], (lo | (hi << 4)).to(tl.uint8), mask=keep)
+    else:
+        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], code.to(tl.uint8), mask=inside)
+
+
+def format_constants(fmt: FloatFormat) -> dict:
+    """The element format as the kernels' compile-time constants."""
+    return dict(E=fmt.exp_bits, M=fmt.man_bits, BIAS=fmt.bias, EMIN=fmt.emin, EMAX=fmt.emax,
+                MAX_CODE=fmt.max_code, BITS=fmt.bits, HAS_NAN=fmt.has_nan,
+                NAN_CODE=fmt.nan_code or 0, IS_INT=fmt.is_integer)
+
+
+@triton.jit
 def _cast_kernel(x_ptr, f_ptr, noise_ptr, out_ptr, R, C, sxr, sxc, sfr, sfc, snr, snc, sor, br, bc,
                  TILE_R: tl.constexpr, TILE_C: tl.constexpr, MULTIPLY: tl.constexpr,
                  STOCHASTIC: tl.constexpr, PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
@@ -73,17 +100,8 @@ def _cast_kernel(x_ptr, f_ptr, noise_ptr, out_ptr, R, C, sxr, sxc, sfr, sfc, snr
     else:
         v = tl.div_rn(x, f)  # x / scale, correctly rounded
     v = tl.where(tl.abs(f) < float("inf"), v, 0.0)  # a NaN scale: the block keeps zero codes
-    noise = 0
-    if STOCHASTIC:
-        noise = tl.load(noise_ptr + rows[:, None] * snr + cols[None, :] * snc, mask=inside, other=0)
-    code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
-    if PACK == 2:  # two codes a byte, the first in the low nibble; padding columns are code 0
-        lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
-        pairs = tl.program_id(1) * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
-        keep = (rows < R)[:, None] & (pairs < (C + 1) // 2)[None, :]
-        tl.store(out_ptr + rows[:, None] * sor + pairs[None, :], (lo | (hi << 4)).to(tl.uint8), mask=keep)
-    else:
-        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], code.to(tl.uint8), mask=inside)
+    _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor, TILE_R, TILE_C,
+                  STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
 
 
 def cast_codes(X: torch.Tensor, factor: torch.Tensor, br: int, bc: int, fmt: FloatFormat, *,
@@ -102,8 +120,6 @@ def cast_codes(X: torch.Tensor, factor: torch.Tensor, br: int, bc: int, fmt: Flo
         X, factor, n, out, R, C, X.stride(0), X.stride(1), factor.stride(0), factor.stride(1),
         n.stride(0), n.stride(1), out.stride(0), br, bc,
         TILE_R=tile_r, TILE_C=tile_c, MULTIPLY=multiply, STOCHASTIC=noise is not None,
-        PACK=2 if pack else 1, E=fmt.exp_bits, M=fmt.man_bits, BIAS=fmt.bias, EMIN=fmt.emin,
-        EMAX=fmt.emax, MAX_CODE=fmt.max_code, BITS=fmt.bits, HAS_NAN=fmt.has_nan,
-        NAN_CODE=fmt.nan_code or 0, IS_INT=fmt.is_integer,
+        PACK=2 if pack else 1, **format_constants(fmt),
     )
     return out

@@ -15,7 +15,7 @@ read exponents from the fp32 bit fields (a subnormal amax lands below every scal
 smallest exponent and is clamped exactly as the reference clamps it), rceil rounds the
 exponent of amax × fp32(1/max) up as Transformer Engine does, NVFP4 takes s_enc and its
 multiplier from the launcher (one tensor-wide amax), and elements go through
-cast.py's `_round_codes`.
+cast.py's `_encode_store`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
-from .cast import _round_codes
+from .cast import _encode_store, format_constants
 
 RULES = {"amax": 0, "floor": 1, "ceil": 2, "even": 3, "rceil": 4, "two_level": 5}
 
@@ -114,17 +114,8 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
     else:
         v = tl.div_rn(x, f)
     v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
-    noise = 0
-    if STOCHASTIC:
-        noise = tl.load(noise_ptr + rows[:, None] * snr + cols[None, :] * snc, mask=inside, other=0)
-    code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
-    if PACK == 2:
-        lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
-        pairs = tl.program_id(1) * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
-        keep = (rows < R)[:, None] & (pairs < (C + 1) // 2)[None, :]
-        tl.store(out_ptr + rows[:, None] * sor + pairs[None, :], (lo | (hi << 4)).to(tl.uint8), mask=keep)
-    else:
-        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], code.to(tl.uint8), mask=inside)
+    _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor, TILE_R, TILE_C,
+                  STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
 
 
 def supported(scheme: Scheme) -> bool:
@@ -163,10 +154,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | No
         float(mult) if mult is not None else 1.0,
         BC=bc, TILE_R=tile_r, TILE_C=tile_c, RULE=RULES[rule],
         KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
-        STOCHASTIC=noise is not None, PACK=2 if pack else 1, E=elem.exp_bits, M=elem.man_bits,
-        BIAS=elem.bias, EMIN=elem.emin, EMAX=elem.emax, MAX_CODE=elem.max_code, BITS=elem.bits,
-        HAS_NAN=elem.has_nan, NAN_CODE=elem.nan_code or 0, IS_INT=elem.is_integer,
-        SCALE_CODES=scale_codes,
+        STOCHASTIC=noise is not None, PACK=2 if pack else 1, SCALE_CODES=scale_codes,
+        **format_constants(elem),
     )
     return codes, scales, s_dec
 
