@@ -22,7 +22,7 @@ import math
 import torch
 
 from .formats import FloatFormat, get_format
-from .rounding import check_code_width, check_float_tensor, in_chunks, round_to_codes, work_dtype
+from .rounding import check_code_width, check_float_tensor, device_constant, in_chunks, round_to_codes, work_dtype
 
 
 def encode(x: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
@@ -39,12 +39,17 @@ def decode(codes: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
     fmt = get_format(fmt)
     if not isinstance(codes, torch.Tensor) or codes.is_floating_point() or codes.is_complex():
         raise TypeError("codes must be an integer tensor (uint8 codes from encode)")
-    table = torch.tensor(fmt.code_values(), dtype=torch.float32, device=codes.device)
-    idx = codes.to(torch.int64)
-    checked = idx.numel() and not torch.compiler.is_compiling()  # no data-dependent check in a graph
-    if checked and (int(idx.min()) < 0 or int(idx.max()) >= len(table)):
+    table = code_table(fmt, codes.device)
+    every_code_valid = codes.dtype == torch.uint8 and len(table) == 256  # nothing to check
+    checked = codes.numel() and not every_code_valid and not torch.compiler.is_compiling()
+    if checked and (int(codes.min()) < 0 or int(codes.max()) >= len(table)):
         raise ValueError(f"codes out of range for {fmt.name}: must lie in [0, {len(table) - 1}]")
-    return table[idx]
+    return table[codes.to(torch.int64)]
+
+
+def code_table(fmt: FloatFormat, device) -> torch.Tensor:
+    """float32 value of every code of `fmt` (2^bits entries), cached per device."""
+    return device_constant(("codes", fmt), lambda: torch.tensor(fmt.code_values(), dtype=torch.float32), device)
 
 
 def _group(bits: int) -> tuple[int, int]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .rounding import device_constant
+
 
 @dataclass(frozen=True)
 class Hadamard:
@@ -52,7 +54,9 @@ class Hadamard:
 
     def matrix(self, device=None) -> torch.Tensor:
         """Q = D · H / √h as a float32 (h, h) matrix; Q Qᵀ = I."""
-        return self._q.to(device)
+        if device is None:
+            return self._q
+        return device_constant(("hadamard", self.size, self.seed, self.signs), lambda: self._q, device)
 
     def transform(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """x with every block of `size` along `dim` multiplied by Q (float32; `dim` padded)."""

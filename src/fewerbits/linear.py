@@ -74,7 +74,7 @@ class DelayedScalingState(nn.Module):
         # keep the previous amax when the new one is 0 or not finite, as TE keeps its scale
         self.amax[r] = torch.where((new > 0) & torch.isfinite(new), new, self.amax[r])
         history.copy_(torch.roll(history, -1))
-        history[0] = 0.0
+        history[0].zero_()
 
 
 def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .codes import decode, pack, packed_size, unpack
+from .codes import code_table, pack, packed_size, unpack
 from .rounding import (
     CHUNK_ELEMENTS,
     Rounding,
@@ -73,8 +73,8 @@ class QuantizedTensor:
 
     def block_scales(self) -> torch.Tensor:
         """Decode scale of each block as float32 (without the per-tensor scale)."""
-        if self.scale.dtype == torch.uint8:
-            return decode(self.scale, self.scheme.scale_fmt)
+        if self.scale.dtype == torch.uint8:  # 8-bit scale codes: every uint8 is a valid code
+            return code_table(self.scheme.scale_fmt, self.scale.device)[self.scale.to(torch.int64)]
         return self.scale
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -91,7 +91,8 @@ class QuantizedTensor:
         """
         rows, cols = self.matrix_shape
         br, bc = _block_shape(self.scheme, rows, cols)
-        values = decode(self.codes(), self.scheme.elem)
+        # unpacked codes are below 2^bits, the table's length: a lookup with nothing to check
+        values = code_table(self.scheme.elem, self.data.device)[self.codes().to(torch.int64)]
         values = values * _per_element(self.block_scales(), br, bc, 0, rows, cols)
         if tensor_scale and self.tensor_scale is not None:
             values = values * self.tensor_scale

@@ -46,6 +46,29 @@ ROUNDINGS = ("nearest", "stochastic")
 NOISE_BITS = 24  #: resolution of the stochastic-rounding noise
 CHUNK_ELEMENTS = 1 << 18  #: elements per slice of the float64 work (see in_chunks)
 
+_CONSTANTS: dict = {}
+
+
+def device_constant(key, make, device: torch.device) -> torch.Tensor:
+    """The tensor `make()` on `device`, built once per (key, device) and reused.
+
+    Building a small tensor from Python values on a GPU is a host-to-device copy that waits
+    for the whole stream; the hot paths (scale constants, code tables, Hadamard matrices) take
+    their constants from here instead. Callers must not modify the result in place. While a
+    graph is being traced the tensor is built afresh (the compiler folds it as a constant).
+    """
+    if torch.compiler.is_compiling():
+        return make().to(device)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    found = _CONSTANTS.get((key, device))
+    if found is None:
+        with torch.inference_mode(False):  # usable by autograd later, whatever mode built it
+            found = make().to(device)
+        _CONSTANTS[(key, device)] = found
+    return found
+
 
 def check_float_tensor(x: torch.Tensor, what: str = "x") -> None:
     """TypeError unless `x` is a real floating-point tensor."""

@@ -39,14 +39,14 @@ from __future__ import annotations
 import torch
 
 from .formats import FORMATS, FloatFormat
-from .rounding import exp2, exponent_of, round_to_format
+from .rounding import device_constant, exp2, exponent_of, round_to_format
 
 FP32 = FORMATS["fp32"]
 FLT_MAX = torch.finfo(torch.float32).max
 
 
 def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(value, dtype=torch.float32, device=like.device)
+    return device_constant(("f32", float(value)), lambda: torch.tensor(value, dtype=torch.float32), like.device)
 
 
 def _reciprocal_f32(value: float, like: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,8 @@ cast.py's `_encode_store`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -39,7 +41,7 @@ def _pow2(k):
 
 @triton.jit
 def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, snc, sor, ssr,
-                     elem_max, rcp_max, s_dec, mult,
+                     elem_max, rcp_max, tensor_scales_ptr,
                      BC: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, RULE: tl.constexpr,
                      KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr,
                      STOCHASTIC: tl.constexpr, PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
@@ -66,6 +68,8 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
         scale = tl.maximum(tl.div_rn(amax, elem_max), 1.1754943508222875e-38)
         factor = scale
     elif RULE == 5:  # NVFP4: E4M3 block scale under the tensor's s_enc; elements × enc
+        s_dec = tl.load(tensor_scales_ptr)  # the tensor level, computed on the device
+        mult = tl.load(tensor_scales_ptr + 1)
         raw = tl.minimum(tl.minimum(amax * mult, 3.4028234663852886e38), 448.0)
         e = tl.minimum(tl.maximum(((raw.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6), 9)
         units = raw * ((3 - e + 127) << 23).to(tl.float32, bitcast=True)
@@ -118,6 +122,12 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
                   STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
 
 
+@functools.cache
+def _reciprocal_of_max(value: float) -> float:
+    """fp32(1 / value), the division done in fp32 (as scaling.py's rceil does it)."""
+    return float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(value, dtype=torch.float32))
+
+
 def supported(scheme: Scheme) -> bool:
     """1 × bc blocks with bc a power of two from 16 to 128."""
     br, bc = scheme.block
@@ -137,21 +147,21 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | No
     codes = torch.empty(R, (C + 1) // 2 if pack else C, dtype=torch.uint8, device=X.device)
     scale_codes = scheme.scale_fmt.bits <= 8
     scales = torch.empty(R, nb, dtype=torch.uint8 if scale_codes else torch.float32, device=X.device)
-    s_dec = mult = None
+    s_dec = None
+    tensor_scales = scales  # not read unless two-level
     if scheme.two_level:  # the tensor-wide level first, exactly as scaling.py computes it
         tensor_amax = X.abs().amax().float() if X.numel() else X.new_zeros((), dtype=torch.float32)
         _, s_dec, mult = two_level_tensor_scales(tensor_amax, elem, scheme.scale_fmt)
+        tensor_scales = torch.stack([s_dec, mult])  # stays on the device: no host round trip
     if X.numel() == 0:
         return codes, scales, s_dec
     rule = "two_level" if scheme.two_level else scheme.scale_rule
     grid = (triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))
     n = noise if noise is not None else X
-    rcp_max = float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(elem.max, dtype=torch.float32))
     _rowblock_kernel[grid](
         X, n, codes, scales, R, C, X.stride(0), X.stride(1), n.stride(0), n.stride(1),
         codes.stride(0), scales.stride(0),
-        float(elem.max), rcp_max, float(s_dec) if s_dec is not None else 1.0,
-        float(mult) if mult is not None else 1.0,
+        float(elem.max), _reciprocal_of_max(elem.max), tensor_scales,
         BC=bc, TILE_R=tile_r, TILE_C=tile_c, RULE=RULES[rule],
         KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
         STOCHASTIC=noise is not None, PACK=2 if pack else 1, SCALE_CODES=scale_codes,
