@@ -361,3 +361,35 @@ def test_compare_writes_table_and_figure(corpus, cache, tmp_path, capsys):
     assert main(argv) == 2 and "already holds a comparison" in capsys.readouterr().err
     with pytest.raises(ValueError, match="valid recipes"):
         compare(config(corpus, cache, tmp_path, out=str(tmp_path / "c2")), ["bf16", "fp5"])
+
+
+def test_compare_runs_recipes_at_once_and_resume_keeps_finished_runs(corpus, cache, tmp_path, capsys):
+    out = tmp_path / "par"
+    argv = ["compare", "--recipes", "bf16,fp8_tensorwise,mxfp8", "--steps", "6", "--jobs", "3", "--out", str(out),
+            *cli(corpus, cache, tmp_path)]
+    assert main(argv) == 0
+    table = (out / "compare.md").read_text()
+    assert "--jobs 3" in table and "measured while sharing it" in table
+    for r in ("bf16", "fp8_tensorwise", "mxfp8"):
+        assert f"| {r} |" in table
+        assert (out / r / "train.log").stat().st_size > 0  # each process wrote its own log
+    sequential = tmp_path / "seq"
+    assert main([*argv[:5], "--jobs", "1", "--out", str(sequential), *cli(corpus, cache, tmp_path)]) == 0
+    for r in ("bf16", "fp8_tensorwise", "mxfp8"):  # sharing the device changes no number
+        a, b = (json.loads((d / r / "summary.json").read_text())["final_val_loss"] for d in (out, sequential))
+        assert a == b, r
+    # resume: finished runs are kept as they are, a missing one is trained from scratch
+    stamp = (out / "bf16" / "summary.json").stat().st_mtime_ns
+    capsys.readouterr()
+    argv_more = ["compare", "--recipes", "bf16,fp8_tensorwise,mxfp8,nvfp4", "--steps", "6", "--jobs", "2",
+                 "--out", str(out), "--resume", *cli(corpus, cache, tmp_path)]
+    assert main(argv_more) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("finished earlier, kept") == 3
+    assert (out / "bf16" / "summary.json").stat().st_mtime_ns == stamp
+    assert "| nvfp4 |" in (out / "compare.md").read_text()
+    # the same folder with other options is not "finished": it continues from its checkpoint instead
+    assert main([*argv_more[:4], "8", *argv_more[5:]]) == 0
+    assert json.loads((out / "bf16" / "summary.json").read_text())["steps"] == 8
+    with pytest.raises(ValueError, match="--jobs must be at least 1"):
+        compare(config(corpus, cache, tmp_path, out=str(tmp_path / "c3")), ["bf16"], jobs=0)

@@ -184,7 +184,7 @@ def cmd_compare(args) -> int:
     cfg = _config_from_args(args, recipe="bf16", out=out)
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     try:
-        summaries = compare(cfg, recipes)
+        summaries = compare(cfg, recipes, jobs=args.jobs)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished runs and checkpoints are in {out} (--resume continues)", file=sys.stderr)
         return 130
@@ -224,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
         p, skip=("recipe",), defaults={"steps": 100, "out": None},
         helps={"out": "comparison folder, one run folder per recipe inside (default: runs/compare-DATE-TIME)"},
     )
+    p.add_argument("--jobs", type=int, default=1,
+                   help="recipes trained at once, each in its own process (they share the device, "
+                        "so their tokens/s and memory are then not each recipe's alone)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("sample", help="generate text from a trained run")

@@ -16,6 +16,7 @@ import datetime
 import json
 import subprocess
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import torch
 
 from ..hardware import device_name, resolve_device
 from ..recipes import get_recipe
+from . import checkpoint as ckpt
 from .data import prepare
 from .loop import RunError, TrainConfig
 from .metrics import read_metrics
@@ -30,45 +32,107 @@ from .metrics import read_metrics
 DEFAULT_RECIPES = ("bf16", "fp8_tensorwise", "fp8_blockwise", "mxfp8", "mxfp4", "nvfp4")
 
 
-def compare(cfg: TrainConfig, recipes: list[str], *, echo=print) -> list[dict]:
-    """Run every recipe (in its own process) and write the table and the figure."""
+def compare(cfg: TrainConfig, recipes: list[str], *, jobs: int = 1, echo=print) -> list[dict]:
+    """Run every recipe (each in its own process, `jobs` at a time) and write the table and
+    the figure. With cfg.resume, a recipe whose run already finished with these options is
+    taken as it is, and an unfinished one continues from its checkpoint."""
     recipes = [get_recipe(r).name for r in recipes]  # unknown names fail before any work
     if len(set(recipes)) != len(recipes):
         raise ValueError("each recipe may appear once in --recipes")
+    if jobs < 1:
+        raise ValueError("--jobs must be at least 1")
     out = Path(cfg.out)
     if (out / "compare.md").exists() and not (cfg.resume or cfg.overwrite):
         raise RunError(f"{out} already holds a comparison; pass --resume to continue it or --overwrite to start over")
     out.mkdir(parents=True, exist_ok=True)
     data = prepare(cfg.data, cfg.vocab_size, cfg.cache_dir, cfg.token_dtype)  # once, here: the
     echo(f"data: {data.describe()}")  # runs then only read the cache, and their memory is their own
-    summaries = []
+    pending = []  # (index, name, run_dir, command)
+    summaries: list[dict | None] = [None] * len(recipes)
     for i, name in enumerate(recipes):
-        run_cfg = replace(cfg, recipe=name, out=str(out / name))
         run_dir = out / name
+        run_cfg = replace(cfg, recipe=name, out=str(run_dir),
+                          resume=cfg.resume and ckpt.find(run_dir) is not None,
+                          progress=cfg.progress and jobs == 1)
+        done = _finished(run_dir, run_cfg) if cfg.resume else None
+        if done is not None:
+            echo(f"[{i + 1}/{len(recipes)}] {name}: finished earlier, kept ({run_dir})")
+            summaries[i] = done
+            continue
         run_dir.mkdir(parents=True, exist_ok=True)
         config_path = run_dir / "config.json"
         config_path.write_text(json.dumps(asdict(run_cfg), indent=2))
-        echo(f"[{i + 1}/{len(recipes)}] {name}: {get_recipe(name).describe()}")
-        done = subprocess.run([sys.executable, "-m", "fewerbits", "train", "--config-json", str(config_path)])
-        summary_path = run_dir / "summary.json"
-        if done.returncode != 0 or not summary_path.exists():
-            if done.returncode in (130, -2):  # interrupted: the run saved its checkpoint
-                raise KeyboardInterrupt
-            summaries.append({"recipe": name, "error": f"exit code {done.returncode}", "run_dir": str(run_dir)})
-            continue
-        summaries.append(json.loads(summary_path.read_text()))
+        command = [sys.executable, "-m", "fewerbits", "train", "--config-json", str(config_path)]
+        pending.append((i, name, run_dir, command))
+    interrupted = False
+    running: list[tuple[int, str, Path, subprocess.Popen, object]] = []
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                i, name, run_dir, command = pending.pop(0)
+                echo(f"[{i + 1}/{len(recipes)}] {name}: {get_recipe(name).describe()}"
+                     + (f" (log: {run_dir / 'train.log'})" if jobs > 1 else ""))
+                log = open(run_dir / "train.log", "a") if jobs > 1 else None
+                proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT if log else None)
+                running.append((i, name, run_dir, proc, log))
+            finished = _wait_any(running)
+            i, name, run_dir, proc, log = running.pop(finished)
+            if log is not None:
+                log.close()
+            code = proc.returncode
+            summary_path = run_dir / "summary.json"
+            if code in (130, -2):  # interrupted: the run saved its checkpoint
+                interrupted = True
+                pending.clear()
+            if code != 0 or not summary_path.exists():
+                summaries[i] = {"recipe": name, "error": f"exit code {code}", "run_dir": str(run_dir)}
+                continue
+            summaries[i] = json.loads(summary_path.read_text())
+            if jobs > 1:
+                echo(f"{name}: done, final validation loss {summaries[i]['final_val_loss']:.4f}")
+    except KeyboardInterrupt:
+        for *_, proc, log in running:  # the runs got the interrupt too: let them checkpoint
+            proc.wait()
+        raise
+    if interrupted:
+        raise KeyboardInterrupt
     device = resolve_device(cfg.device)
     header = (
         f"`fewerbits compare --recipes {','.join(recipes)} --preset {cfg.preset} --steps {cfg.steps} "
-        f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --seed {cfg.seed}`, "
-        f"{datetime.date.today().isoformat()}, {device_name(device)}, torch {torch.__version__}"
+        f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --seed {cfg.seed}"
+        + (f" --jobs {jobs}" if jobs > 1 else "")
+        + f"`, {datetime.date.today().isoformat()}, {device_name(device)}, torch {torch.__version__}"
     )
+    if jobs > 1:
+        header += (f"\n\n{jobs} recipes trained at once on one device: tokens/s and peak memory "
+                   "were measured while sharing it (see `fewerbits train` alone for either)")
     table = markdown_table(summaries)
     (out / "compare.md").write_text(f"{header}\n\n{table}\n")
     plot(out, summaries)
     echo(table)
     echo(f"\nwrote {out / 'compare.md'} and {out / 'compare.png'}")
     return summaries
+
+
+def _finished(run_dir: Path, run_cfg: TrainConfig) -> dict | None:
+    """The summary of a run in run_dir that finished with run_cfg's options, else None."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        saved = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    volatile = ("out", "resume", "overwrite", "progress", "stop_after")
+    same = all(saved.get(k) == v for k, v in asdict(run_cfg).items() if k not in volatile)
+    return summary if same and summary.get("steps") == run_cfg.steps else None
+
+
+def _wait_any(running) -> int:
+    """Index of a finished process in `running` (polls; the runs take minutes)."""
+    while True:
+        for k, entry in enumerate(running):
+            if entry[3].poll() is not None:
+                return k
+        time.sleep(0.2)
 
 
 def markdown_table(summaries: list[dict]) -> str:
