@@ -91,3 +91,42 @@ def test_a_layer_trains_the_same_through_the_kernel():
     kernels.set_backend("reference")
     ref = grads()
     assert torch.equal(fast[0], ref[0]) and torch.equal(fast[1], ref[1])
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same bits everywhere but NaNs, which must sit in the same places (a NaN's payload and
+    sign after a conversion are the converter's choice, not a value)."""
+    as_int = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a.isnan(), b.isnan()):
+        return False
+    keep = ~a.isnan()
+    return torch.equal(a.view(as_int[a.dtype])[keep], b.view(as_int[b.dtype])[keep])
+
+
+@pytest.mark.parametrize("name, rule", [(n, None) for n in fb.SCHEMES] + [("mxfp4", "rceil")])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_dequantize_kernel_equals_reference(name, rule, axis):
+    scheme = fb.get_scheme(name, rule)
+    # 37 × 100 divides no block; the specials give NaN-scale blocks, zero blocks and saturation
+    x = torch.from_numpy(hard_matrix(37, 100, seed=3, specials=scheme.block != (-1, -1))).to(DEVICE)
+    q = fb.quantize(x, scheme, axis=axis)
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    from fewerbits.kernels import dequant
+
+    # fp6 (four codes in three bytes) and fp16 output: the reference serves these
+    assert dequant.supported(q, torch.float32) == (scheme.elem.bits != 6)
+    assert not dequant.supported(q, torch.float16)
+    for dtype in dtypes:
+        for tensor_scale in (True, False):
+            ref = q.dequantize_matrix(dtype, tensor_scale=tensor_scale)
+            got = kernels.dequantize_matrix(q, dtype, tensor_scale=tensor_scale)
+            assert bits_equal(got, ref), (dtype, tensor_scale)
+
+
+@pytest.mark.parametrize("scheme", USER, ids=lambda s: s.describe())
+def test_dequantize_kernel_equals_reference_for_user_schemes(scheme):
+    x = torch.from_numpy(hard_matrix(40, 96, seed=2, specials=False)).to(DEVICE) * 0.01
+    q = fb.quantize(x, scheme)
+    assert bits_equal(kernels.dequantize_matrix(q, torch.bfloat16), q.dequantize_matrix(torch.bfloat16))
+    empty = fb.quantize(torch.empty(0, 32, device=DEVICE), "mxfp4")
+    assert kernels.dequantize_matrix(empty).shape == (0, 32)

@@ -159,13 +159,15 @@ def full_fp32():
 def emulated_matmul(a: QuantizedTensor, b: QuantizedTensor, out_dtype=torch.bfloat16) -> torch.Tensor:
     """A · Bᵀ from the dequantized operands with fp32 accumulation (see the module docstring)."""
     on_gpu = a.device.type == "cuda"
+    from . import kernels  # the one-kernel dequantization where the backend allows it
+
     if on_gpu and _bf16_exact(a) and _bf16_exact(b):
-        A = a.dequantize_matrix(torch.bfloat16, tensor_scale=False)
-        B = b.dequantize_matrix(torch.bfloat16, tensor_scale=False)
+        A = kernels.dequantize_matrix(a, torch.bfloat16, tensor_scale=False)
+        B = kernels.dequantize_matrix(b, torch.bfloat16, tensor_scale=False)
         out = mm_fp32_out(A, B.t())
     else:
-        A = a.dequantize_matrix(tensor_scale=False)
-        B = b.dequantize_matrix(tensor_scale=False)
+        A = kernels.dequantize_matrix(a, tensor_scale=False)
+        B = kernels.dequantize_matrix(b, tensor_scale=False)
         with full_fp32():
             out = A @ B.t()
     for q in (a, b):  # per-tensor scales (NVFP4) multiply the fp32 accumulator

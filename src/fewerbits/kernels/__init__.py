@@ -4,7 +4,9 @@
     set_backend("triton")      Triton always (CPU tensors too, under TRITON_INTERPRET=1: for tests)
     set_backend("reference")   the plain-torch reference everywhere
 
-`quantize()` here takes the reference's arguments and returns the reference's bits:
+`quantize()` here takes the reference's arguments and returns the reference's bits, and
+`dequantize_matrix()` gives `QuantizedTensor.dequantize_matrix`'s values in one kernel
+(kernels/dequant.py):
 
     1 × bc blocks (MX, NVFP4 1x16, FP8 1x128)   one kernel reads the tensor once: block amax,
                                                 scale rule, codes, packing (kernels/rowblock.py)
@@ -88,4 +90,17 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
     return plan.finish(codes)
 
 
-__all__ = ["BACKENDS", "set_backend", "backend", "triton_available", "uses_triton", "quantize"]
+def dequantize_matrix(q: QuantizedTensor, dtype: torch.dtype = torch.float32, *,
+                      tensor_scale: bool = True) -> torch.Tensor:
+    """`q.dequantize_matrix(dtype, tensor_scale=...)`, in one Triton kernel where the backend
+    says so and the codes are 8- or 4-bit (same bits)."""
+    if uses_triton(q.data):
+        from . import dequant
+
+        if dequant.supported(q, dtype):
+            return dequant.dequantize_matrix(q, dtype, tensor_scale=tensor_scale)
+    return q.dequantize_matrix(dtype, tensor_scale=tensor_scale)
+
+
+__all__ = ["BACKENDS", "set_backend", "backend", "triton_available", "uses_triton", "quantize",
+           "dequantize_matrix"]
