@@ -198,6 +198,46 @@ def cmd_sample(args) -> int:
     return 0
 
 
+BENCH_RECIPES = "bf16,fp8_tensorwise,fp8_delayed,fp8_rowwise,fp8_blockwise,mxfp8,mxfp4,nvfp4"
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    try:
+        m, k, n = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shape MxKxN (tokens x in x out)") from None
+    return m, k, n
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+
+    device = resolve_device(args.device)
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    if args.what == "gemm":
+        rows = bench.bench_gemm(args.preset, recipes, tokens=args.tokens, device=device, iters=args.iters,
+                                warmup=args.warmup)
+        what, table = f"bench gemm --preset {args.preset} --tokens {args.tokens}", bench.gemm_table(rows)
+    elif args.what == "linear":
+        rows = bench.bench_linear(args.shapes, recipes, device=device, iters=args.iters, warmup=args.warmup)
+        what, table = "bench linear --shapes " + " ".join("x".join(map(str, s)) for s in args.shapes), bench.linear_table(rows)
+    else:
+        cfg = bench.TrainBench(preset=args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
+                               steps=args.iters, warmup=args.warmup, compile=args.compile, device=str(device))
+        peers = [args.peer] if args.peer else []
+        rows = bench.bench_train(cfg, recipes, peers=peers, echo=lambda line: print(line, file=sys.stderr))
+        what = (f"bench train --preset {args.preset} --batch-size {args.batch_size} --seq-len {args.seq_len}"
+                + (" --compile" if args.compile else "") + (f" --peer {args.peer}" if args.peer else ""))
+        table = bench.train_table(rows)
+    head = bench.header(device, f"`fewerbits {what} --recipes {','.join(recipes)}`") + (
+        f", median of {args.iters} after {args.warmup} warm-up runs")
+    print(f"{head}\n\n{table}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"header": head, "rows": rows}, f, indent=2)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fewerbits", description="Train language models with fewer bits."
@@ -228,6 +268,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recipes trained at once, each in its own process (they share the device, "
                         "so their tokens/s and memory are then not each recipe's alone)")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("bench", help="time each recipe side by side: GEMMs, one Linear, or a training step")
+    bench_sub = p.add_subparsers(dest="what", required=True)
+    for what, text in (("gemm", "TFLOP/s of each recipe's three GEMMs at a preset's shapes (GEMM alone)"),
+                       ("linear", "forward + backward of one Linear per recipe against nn.Linear in bf16"),
+                       ("train", "tokens/s and peak memory of a preset's training step per recipe")):
+        b = bench_sub.add_parser(what, help=text)
+        b.add_argument("--recipes", default=BENCH_RECIPES, help="comma-separated recipe names (bf16 is always measured)")
+        b.add_argument("--device", default="auto", help="auto, cpu or cuda")
+        b.add_argument("--iters", type=int, default=10, help="timed runs (the median is reported)")
+        b.add_argument("--warmup", type=int, default=3, help="untimed runs first")
+        b.add_argument("--json", default=None, help="also write the rows to this JSON file")
+        if what in ("gemm", "train"):
+            b.add_argument("--preset", default="tiny", help="model shapes (see fewerbits.models.PRESETS)")
+        if what == "gemm":
+            b.add_argument("--tokens", type=int, default=8192, help="M: tokens per GEMM")
+        if what == "linear":
+            b.add_argument("--shapes", type=_shape, nargs="+", default=[(8192, 4096, 4096), (8192, 4096, 14336)],
+                           help="MxKxN: tokens x in_features x out_features")
+        if what == "train":
+            b.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+            b.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+            b.add_argument("--compile", action="store_true", help="torch.compile every arm")
+            b.add_argument("--peer", choices=["torchao"], default=None,
+                           help="also measure this library's FP8 training of the same model")
+        b.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("sample", help="generate text from a trained run")
     p.add_argument("--checkpoint", required=True, help="a run folder (or its checkpoint folder)")

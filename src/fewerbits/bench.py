@@ -1,0 +1,332 @@
+"""`fewerbits bench`: what each recipe costs in time and memory, measured side by side.
+
+    bench gemm     the model's GEMM shapes: each recipe's three GEMMs on operands quantized
+                   beforehand (the GEMM alone), TFLOP/s next to bf16's
+    bench linear   one Linear's forward + backward per recipe against nn.Linear in bf16,
+                   quantization included
+    bench train    a preset's training step under each recipe (optionally compiled):
+                   tokens/s and peak memory; `--peer torchao` adds torchao's float8 training of
+                   the same model in the same process
+
+Every arm runs in one process on one device, one after the other, with the same inputs; a
+time is the median of `iters` runs after `warmup` runs (CUDA events on a GPU, the wall clock on
+a CPU). Ratios between arms of one run are the numbers to compare; absolute times depend on
+the machine. The baseline of `bench train` is the `bf16` recipe: fp32 master weights, bf16
+compute, the trainer's AdamW. A training step here is the trainer's: forward, cross-entropy,
+backward, gradient clipping at norm 1, AdamW step.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .hardware import device_name, resolve_device
+from .recipes import Recipe, get_recipe
+
+PEERS = ("torchao",)
+
+
+def time_ms(fn, iters: int = 10, warmup: int = 3, device: torch.device | None = None) -> float:
+    """Median milliseconds of `fn()` over `iters` runs after `warmup` runs."""
+    if iters < 1 or warmup < 0:
+        raise ValueError("iters must be at least 1 and warmup at least 0")
+    cuda = device is not None and torch.device(device).type == "cuda"
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def header(device: torch.device, what: str) -> str:
+    return (f"{what}: {device_name(device)}, torch {torch.__version__}, "
+            f"{datetime.date.today().isoformat()}")
+
+
+def _recipes(names) -> list[Recipe]:
+    recipes = [get_recipe(n) for n in names]  # unknown names fail here, with the valid list
+    if len({r.name for r in recipes}) != len(recipes):
+        raise ValueError("each recipe may appear once")
+    return recipes
+
+
+def linear_shapes(preset: str, tokens: int, vocab_size: int = 8192) -> list[tuple[str, int, int, int]]:
+    """(names, M, K, N) of the distinct Linear shapes a preset's converted blocks hold."""
+    from .models import Llama, get_preset
+
+    if tokens < 1:
+        raise ValueError("tokens must be at least 1")
+    with torch.device("meta"):
+        model = Llama(get_preset(preset, vocab_size))
+    shapes: dict[tuple[int, int], list[str]] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and name != "lm_head":
+            shapes.setdefault((m.in_features, m.out_features), []).append(name.rsplit(".", 1)[-1])
+    return [("/".join(sorted(set(names))), tokens, k, n) for (k, n), names in shapes.items()]
+
+
+# -- gemm ---------------------------------------------------------------------------------------
+
+
+def bench_gemm(preset: str, recipes, *, tokens: int = 8192, device="auto", iters: int = 10,
+               warmup: int = 3) -> list[dict]:
+    """TFLOP/s of each recipe's fprop, dgrad and wgrad GEMMs at the preset's shapes.
+
+    Operands are quantized before the clock starts; an emulated GEMM's time includes the
+    dequantization it needs. `*_vs_bf16` is bf16's time over the recipe's (above 1: faster).
+    """
+    from .kernels import quantize
+    from .linear import _matmul
+
+    device = resolve_device(device)
+    recipes = _recipes(recipes)
+    rows = []
+    for names, m, k, n in linear_shapes(preset, tokens):
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+        w = torch.randn(n, k, generator=gen).to(device, torch.bfloat16)
+        g = torch.randn(m, n, generator=gen).to(device, torch.bfloat16)
+        # (a, b) of A · Bᵀ per GEMM, from the high-precision tensors along the inner dimension
+        operands = {"fprop": ((x, 1), (w, 1)), "dgrad": ((g, 1), (w, 0)), "wgrad": ((g, 0), (x, 0))}
+        flops = 2 * m * k * n
+        for recipe in [get_recipe("bf16"), *[r for r in recipes if r.name != "bf16"]]:
+            row = {"shape": f"{m}x{k}x{n}", "linears": names, "recipe": recipe.name}
+            for gemm_name, ((ta, axa), (tb, axb)) in operands.items():
+                gemm = getattr(recipe, gemm_name)
+
+                def prep(t, axis, op):
+                    if op.scheme is None:
+                        return (t if axis == 1 else t.t()).contiguous().to(recipe.compute_dtype)
+                    return quantize(t, op.scheme, axis=axis)
+
+                a, b = prep(ta, axa, gemm.a), prep(tb, axb, gemm.b)
+                ms = time_ms(lambda: _matmul(a, b, torch.bfloat16, recipe, "auto"), iters, warmup, device)
+                row[f"{gemm_name}_ms"] = ms
+                row[f"{gemm_name}_tflops"] = flops / ms / 1e9
+            rows.append(row)
+    base = {r["shape"]: r for r in rows if r["recipe"] == "bf16"}
+    for r in rows:
+        for gemm_name in ("fprop", "dgrad", "wgrad"):
+            r[f"{gemm_name}_vs_bf16"] = base[r["shape"]][f"{gemm_name}_ms"] / r[f"{gemm_name}_ms"]
+    return rows
+
+
+# -- linear -------------------------------------------------------------------------------------
+
+
+def gemm_paths(recipe: Recipe, m: int, k: int, n: int, device) -> str:
+    """How the recipe's GEMMs run at this shape here: "native", "emulated", the compute
+    dtype's GEMMs, or fprop/dgrad/wgrad when they differ."""
+    from .gemm import native_reason
+    from .quantize import quantize
+
+    if not recipe.quantized:
+        return f"{str(recipe.compute_dtype).removeprefix('torch.')} GEMMs"
+    paths = []
+    for gemm, (ra, ca, rb, cb) in ((recipe.fprop, (m, k, n, k)), (recipe.dgrad, (m, n, k, n)),
+                                   (recipe.wgrad, (n, m, k, m))):
+        if gemm.a.scheme is None or gemm.b.scheme is None:
+            paths.append("hp")
+            continue
+        qa = quantize(torch.zeros(ra, ca, device=device), gemm.a.scheme)
+        qb = quantize(torch.zeros(rb, cb, device=device), gemm.b.scheme)
+        paths.append("native" if native_reason(qa, qb) is None else "emulated")
+    return paths[0] if len(set(paths)) == 1 else "/".join(paths)
+
+
+
+def bench_linear(shapes, recipes, *, device="auto", iters: int = 10, warmup: int = 3) -> list[dict]:
+    """Forward + backward of one Linear (M×K input, N outputs) per recipe vs nn.Linear in bf16."""
+    from .linear import QuantizedLinear
+
+    device = resolve_device(device)
+    recipes = _recipes(recipes)
+    rows = []
+    for m, k, n in shapes:
+        if min(m, k, n) < 1:
+            raise ValueError(f"shape {m}x{k}x{n}: every size must be at least 1")
+        torch.manual_seed(0)
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16, requires_grad=True)
+        g = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+
+        def step(layer):
+            x.grad = None
+            for p in layer.parameters():
+                p.grad = None
+            layer(x).backward(g)
+
+        base = nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16)
+        t_base = time_ms(lambda: step(base), iters, warmup, device)
+        rows.append({"shape": f"{m}x{k}x{n}", "recipe": "nn.Linear (bf16)", "path": "bf16 GEMMs", "ms": t_base,
+                     "vs_bf16": 1.0})
+        master = nn.Linear(k, n, bias=False, device=device)  # fp32 master weights, as in training
+        for recipe in recipes:
+            layer = QuantizedLinear.from_linear(master, recipe)
+            ms = time_ms(lambda: step(layer), iters, warmup, device)
+            rows.append({"shape": f"{m}x{k}x{n}", "recipe": recipe.name, "path": gemm_paths(recipe, m, k, n, device),
+                         "ms": ms, "vs_bf16": ms / t_base})
+        del x, g, base, master
+        _free(device)
+    return rows
+
+
+# -- train --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainBench:
+    preset: str = "tiny"
+    batch_size: int = 8
+    seq_len: int = 128
+    steps: int = 10  #: timed steps (the median is reported)
+    warmup: int = 3
+    compile: bool = False
+    vocab_size: int = 8192
+    device: str = "auto"
+
+
+def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None) -> list[dict]:
+    """Tokens/s and peak memory of a training step of `cfg.preset` under each recipe (and each
+    peer), all in this process; the bf16 recipe is measured first as the baseline."""
+    from .models import Llama, get_preset
+
+    device = resolve_device(cfg.device)
+    recipes = _recipes(recipes)
+    for peer in peers:
+        if peer not in PEERS:
+            raise ValueError(f"unknown peer {peer!r}; valid peers: {', '.join(PEERS)}")
+    if "torchao" in peers:
+        _require_torchao()
+    if cfg.steps < 1 or cfg.warmup < 0 or cfg.batch_size < 1 or cfg.seq_len < 1:
+        raise ValueError("steps, batch_size and seq_len must be at least 1, warmup at least 0")
+    model_cfg = get_preset(cfg.preset, cfg.vocab_size)
+    if cfg.seq_len > model_cfg.max_seq_len:
+        raise ValueError(f"seq_len {cfg.seq_len} exceeds preset {cfg.preset}'s max_seq_len {model_cfg.max_seq_len}")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    tokens = torch.randint(0, model_cfg.vocab_size, (cfg.batch_size, cfg.seq_len + 1), generator=gen)
+    x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+    arms = [("bf16", None)] + [(r.name, None) for r in recipes if r.name != "bf16"]
+    if "torchao" in peers:
+        arms += [("torchao tensorwise", "tensorwise"), ("torchao rowwise", "rowwise")]
+    rows = []
+    for name, torchao_recipe in arms:
+        _free(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        torch.manual_seed(0)
+        model = Llama(model_cfg).to(device)
+        autocast = False
+        if torchao_recipe is None:
+            from .train.precision import apply_recipe
+
+            apply_recipe(model, name, device=device)
+        else:
+            _torchao_convert(model, torchao_recipe)
+            autocast = True
+        ms = _time_training(model, x, y, cfg, device, autocast)
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        row = {"recipe": name, "ms_per_step": ms, "tokens_per_s": cfg.batch_size * cfg.seq_len / ms * 1e3,
+               "peak_memory_bytes": peak}
+        rows.append(row)
+        echo(f"{name}: {ms:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s")
+        del model
+    base = rows[0]
+    for r in rows:
+        r["vs_bf16"] = r["tokens_per_s"] / base["tokens_per_s"]
+        r["memory_vs_bf16"] = (r["peak_memory_bytes"] / base["peak_memory_bytes"]
+                               if base["peak_memory_bytes"] else None)
+    return rows
+
+
+def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> float:
+    from .train.optim import AdamW, param_groups
+
+    opt = AdamW(param_groups(model, 0.1), lr=1e-4)
+    params = [p for p in model.parameters() if p.requires_grad]
+    step_model = torch.compile(model) if cfg.compile else model
+
+    def step():
+        with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+            logits = step_model(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return time_ms(step, cfg.steps, cfg.warmup, device)
+
+
+def _require_torchao():
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        raise RuntimeError(
+            "--peer torchao needs torchao (pip install torchao; torchao 0.17.0 matches torch 2.11)"
+        ) from None
+
+
+def _torchao_convert(model: nn.Module, recipe: str) -> None:
+    """torchao's float8 training on every Linear but the output head (its documented use)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: fqn != "lm_head")
+
+
+def _free(device: torch.device) -> None:
+    torch._dynamo.reset()  # compiled arms: drop their graphs (and the tensors they hold)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# -- tables -------------------------------------------------------------------------------------
+
+
+def gemm_table(rows: list[dict]) -> str:
+    lines = ["| shape (M×K×N) | Linears | recipe | fprop TFLOP/s | dgrad TFLOP/s | wgrad TFLOP/s | speed vs bf16 (fprop / dgrad / wgrad) |",
+             "|---|---|---|--:|--:|--:|--:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['shape']} | {r['linears']} | {r['recipe']} | {r['fprop_tflops']:.3g} | {r['dgrad_tflops']:.3g} | "
+            f"{r['wgrad_tflops']:.3g} | {r['fprop_vs_bf16']:.2f} / {r['dgrad_vs_bf16']:.2f} / {r['wgrad_vs_bf16']:.2f} |")
+    return "\n".join(lines)
+
+
+def linear_table(rows: list[dict]) -> str:
+    lines = ["| shape (M×K×N) | recipe | GEMM path | fwd+bwd ms | × nn.Linear bf16 |", "|---|---|---|--:|--:|"]
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['recipe']} | {r['path']} | {r['ms']:.3f} | {r['vs_bf16']:.2f} |")
+    return "\n".join(lines)
+
+
+def train_table(rows: list[dict]) -> str:
+    lines = ["| recipe | ms/step | tokens/s | × bf16 tokens/s | peak memory | × bf16 memory |",
+             "|---|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        mem = f"{r['peak_memory_bytes'] / 2**30:.2f} GiB" if r["peak_memory_bytes"] is not None else "n/a (CPU)"
+        mem_ratio = f"{r['memory_vs_bf16']:.2f}" if r["memory_vs_bf16"] is not None else "n/a"
+        lines.append(f"| {r['recipe']} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {r['vs_bf16']:.2f} | "
+                     f"{mem} | {mem_ratio} |")
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""`fewerbits bench`: shapes, rows and errors (CPU; the timings that matter are taken on a GPU)."""
+
+import json
+import sys
+import time
+
+import pytest
+import torch
+
+from fewerbits import bench
+from fewerbits.cli import main
+
+
+def test_linear_shapes_are_the_models_distinct_linears():
+    shapes = {(k, n): names for names, m, k, n in bench.linear_shapes("llama3-8b-8layers", 8192)}
+    assert shapes == {
+        (4096, 4096): "o_proj/q_proj", (4096, 1024): "k_proj/v_proj",
+        (4096, 14336): "gate_proj/up_proj", (14336, 4096): "down_proj",
+    }
+    assert {m for _, m, _, _ in bench.linear_shapes("tiny", 512)} == {512}
+    with pytest.raises(ValueError, match="tokens"):
+        bench.linear_shapes("tiny", 0)
+
+
+def test_time_ms_is_the_median_of_the_runs():
+    calls = []
+    ms = bench.time_ms(lambda: (calls.append(1), time.sleep(0.004)), iters=5, warmup=2)
+    assert len(calls) == 7 and 4.0 <= ms < 60.0
+    with pytest.raises(ValueError):
+        bench.time_ms(lambda: None, iters=0)
+
+
+def test_bench_gemm_rows():
+    rows = bench.bench_gemm("tiny", ["mxfp4", "fp8_tensorwise"], tokens=64, device="cpu", iters=1, warmup=0)
+    assert len(rows) == 4 * 3  # four distinct shapes × (bf16 first, then the two recipes)
+    assert [r["recipe"] for r in rows[:3]] == ["bf16", "mxfp4", "fp8_tensorwise"]
+    for r in rows:
+        for g in ("fprop", "dgrad", "wgrad"):
+            assert r[f"{g}_ms"] > 0 and r[f"{g}_tflops"] > 0
+            if r["recipe"] == "bf16":
+                assert r[f"{g}_vs_bf16"] == 1.0
+    assert "| 64x128x384 | gate_proj/up_proj | mxfp4 |" in bench.gemm_table(rows)
+
+
+def test_bench_train_measures_every_recipe_after_bf16(capsys):
+    cfg = bench.TrainBench(preset="tiny", batch_size=2, seq_len=16, steps=2, warmup=1, device="cpu")
+    rows = bench.bench_train(cfg, ["nvfp4", "bf16"])
+    assert [r["recipe"] for r in rows] == ["bf16", "nvfp4"]
+    assert rows[0]["vs_bf16"] == 1.0 and rows[1]["tokens_per_s"] > 0
+    assert rows[1]["tokens_per_s"] == pytest.approx(2 * 16 / rows[1]["ms_per_step"] * 1e3)
+    assert rows[1]["peak_memory_bytes"] is None  # no allocator statistics on a CPU
+    with pytest.raises(ValueError, match="max_seq_len"):
+        bench.bench_train(bench.TrainBench(seq_len=4096, device="cpu"), ["bf16"])
+    with pytest.raises(ValueError, match="unknown peer"):
+        bench.bench_train(cfg, ["bf16"], peers=["nemo"])
+    with pytest.raises(ValueError, match="valid recipes"):
+        bench.bench_train(cfg, ["fp7"])
+
+
+def test_bench_cli(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "b.json"
+    argv = ["bench", "linear", "--shapes", "64x32x48", "--recipes", "fp8_tensorwise", "--device", "cpu",
+            "--iters", "1", "--warmup", "0", "--json", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "fewerbits bench linear --shapes 64x32x48 --recipes fp8_tensorwise" in printed
+    assert "| 64x32x48 | fp8_tensorwise | emulated |" in printed  # no FP8 units on a CPU
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["recipe"] for r in rows] == ["nn.Linear (bf16)", "fp8_tensorwise"]
+    with pytest.raises(SystemExit):
+        main(["bench", "linear", "--shapes", "64x32"])
+    assert "not a shape MxKxN" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "torchao", None)  # as if torchao were not installed
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)
+    assert main(["bench", "train", "--peer", "torchao", "--device", "cpu", "--iters", "1"]) == 2
+    assert "--peer torchao needs torchao" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+def test_bench_train_on_cuda_reports_peak_memory():
+    cfg = bench.TrainBench(preset="tiny", batch_size=2, seq_len=32, steps=2, warmup=1, device="cuda")
+    rows = bench.bench_train(cfg, ["fp8_tensorwise"])
+    assert all(r["peak_memory_bytes"] > 0 for r in rows) and rows[1]["memory_vs_bf16"] > 0
