@@ -54,12 +54,36 @@ def test_stochastic_rounding_uses_the_same_noise(name):
 def test_bf16_input_strided_views_amax_override_and_empty():
     x = torch.randn(64, 96, device=DEVICE).bfloat16()
     assert same(kernels.quantize(x, "mxfp8_e4m3"), fb.quantize(x, "mxfp8_e4m3"))
+    hard = torch.from_numpy(hard_matrix(37, 100, seed=6, specials=True)).to(DEVICE).bfloat16()  # bf16 subnormals too
+    for name in ("mxfp4", "nvfp4", "fp8_e4m3_1x128"):
+        assert same(kernels.quantize(hard, name), fb.quantize(hard, name)), name
     big = torch.randn(80, 200, device=DEVICE)
     view = big[::2, 3:131]  # non-contiguous rows and an offset
     assert same(kernels.quantize(view, "nvfp4", axis=0), fb.quantize(view, "nvfp4", axis=0))
     amax = torch.tensor(0.5, device=DEVICE)
     assert same(kernels.quantize(big, "fp8_e4m3_tensor", amax=amax), fb.quantize(big, "fp8_e4m3_tensor", amax=amax))
     assert kernels.quantize(torch.empty(0, 32, device=DEVICE), "mxfp4").dequantize().shape == (0, 32)
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor", "fp8_e4m3_row"])
+def test_one_amax_per_tensor_or_row_with_specials_overrides_and_layouts(name):
+    """The reduction-then-kernel path: NaN and inf anywhere, zero tensors and rows, overrides
+    (delayed scaling), bf16 and transposed inputs, stochastic rounding."""
+    base = torch.from_numpy(hard_matrix(37, 100, seed=5, specials=False)).to(DEVICE)
+    cases = [base, base.bfloat16(), base.t(), torch.zeros(5, 48, device=DEVICE)]
+    for special in (float("nan"), float("inf"), -float("inf")):
+        y = base.clone()
+        y[3, 7] = special
+        cases.append(y)
+    for x in cases:
+        for axis in (-1, 0):
+            assert same(kernels.quantize(x, name, axis=axis), fb.quantize(x, name, axis=axis)), (x.dtype, axis)
+    for amax in (torch.tensor(0.25, device=DEVICE), torch.tensor(1e30, device=DEVICE), torch.tensor(0.0, device=DEVICE)):
+        for x in (base, cases[-1]):
+            assert same(kernels.quantize(x, "fp8_e4m3_tensor", amax=amax), fb.quantize(x, "fp8_e4m3_tensor", amax=amax))
+    gen = lambda: torch.Generator(device=DEVICE).manual_seed(9)  # noqa: E731
+    sr = dict(rounding="stochastic")
+    assert same(kernels.quantize(base, name, generator=gen(), **sr), fb.quantize(base, name, generator=gen(), **sr))
 
 
 def test_backend_switch():

@@ -10,6 +10,9 @@
 
     1 × bc blocks (MX, NVFP4 1x16, FP8 1x128)   one kernel reads the tensor once: block amax,
                                                 scale rule, codes, packing (kernels/rowblock.py)
+    one block per row or per tensor, fp32       one reduction for the amax (an amax override
+      scales (FP8 rowwise, tensorwise, delayed)   applies where it is finite), then the same
+                                                kernel: scale rule, scales, codes
     every other scheme, or an amax override     the reference's `make_plan` (amaxes, scales),
                                                 then one kernel for the element pass (cast.py)
 
@@ -80,6 +83,17 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
         if scheme_.elem.bits == 6:
             codes = pack(codes, scheme_.elem)
         return QuantizedTensor(codes, scales, scheme_, x.shape, ax, tensor_scale)
+
+    if rowblock.amax_supported(scheme_) and x.numel():  # one reduction, then one kernel
+        check_float_tensor(x)
+        check_rounding(rounding)
+        ax = normalize_axis(axis, x.dim())
+        X = matrix_view(x.detach(), ax)
+        noise = draw_noise(X.shape, x.device, generator) if rounding == "stochastic" else None
+        codes, scales = rowblock.quantize_with_amax(X, scheme_, noise, amax)
+        if scheme_.elem.bits == 6:
+            codes = pack(codes, scheme_.elem)
+        return QuantizedTensor(codes, scales, scheme_, x.shape, ax)
 
     plan = make_plan(x, scheme, **kwargs)
     elem = plan.scheme.elem

@@ -41,24 +41,34 @@ def _pow2(k):
 
 @triton.jit
 def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, snc, sor, ssr,
-                     elem_max, rcp_max, tensor_scales_ptr,
+                     elem_max, rcp_max, tensor_scales_ptr, amax_ptr,
                      BC: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, RULE: tl.constexpr,
                      KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr,
                      STOCHASTIC: tl.constexpr, PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
                      BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
                      BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
-                     SCALE_CODES: tl.constexpr):
+                     SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
+                     X_BF16: tl.constexpr):
     NB: tl.constexpr = TILE_C // BC
     rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
     cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
     inside = (rows < R)[:, None] & (cols < C)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * sxr + cols[None, :] * sxc, mask=inside, other=0.0).to(tl.float32)
+    if X_BF16:  # bf16 bits widened by hand: exact for subnormals everywhere (Triton's
+        # interpreter converts bf16 subnormals wrongly)
+        xb = tl.load(x_ptr + rows[:, None] * sxr + cols[None, :] * sxc, mask=inside, other=0)
+        x = (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(x_ptr + rows[:, None] * sxr + cols[None, :] * sxc, mask=inside, other=0.0).to(tl.float32)
 
     # ---- amax of each block: (TILE_R, NB) -------------------------------------------------
-    x3 = tl.reshape(x, (TILE_R, NB, BC))
-    amax = tl.max(tl.abs(x3), axis=2)
-    has_nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
-    amax = tl.where(has_nan, float("nan"), amax)
+    if AMAX_MODE == 0:  # 1 × BC blocks: reduced here
+        x3 = tl.reshape(x, (TILE_R, NB, BC))
+        amax = tl.max(tl.abs(x3), axis=2)
+        has_nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
+        amax = tl.where(has_nan, float("nan"), amax)
+    else:  # one block per row (1) or one for the tensor (2): the amax comes from amax_ptr
+        a_row = tl.load(amax_ptr + rows * (1 if AMAX_MODE == 1 else 0), mask=rows < R, other=0.0)
+        amax = tl.broadcast_to(a_row[:, None], (TILE_R, NB))
     finite = amax < float("inf")  # False for inf and NaN
     abits = amax.to(tl.int32, bitcast=True)
     afield = (abits >> 23) & 0xFF
@@ -104,7 +114,12 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
     factor = tl.where(finite, factor, float("nan"))
 
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
-    scale_mask = (rows < R)[:, None] & (blocks * BC < C)[None, :]
+    if AMAX_MODE == 0:
+        scale_mask = (rows < R)[:, None] & (blocks * BC < C)[None, :]
+    else:  # one scale per row (or one in all): the first column of tiles stores it
+        keep = (rows < R) if AMAX_MODE == 1 else (rows == 0)
+        scale_mask = keep[:, None] & (blocks == 0)[None, :]
+        blocks = blocks * 0
     if SCALE_CODES:  # E8M0 or E4M3: store the code
         tl.store(scale_ptr + rows[:, None] * ssr + blocks[None, :], code.to(tl.uint8), mask=scale_mask)
     else:
@@ -120,6 +135,11 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
     v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
     _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor, TILE_R, TILE_C,
                   STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
+
+
+def _bits(X: torch.Tensor) -> torch.Tensor:
+    """bf16 input as its int16 bit patterns (the kernel widens them); other dtypes as they are."""
+    return X.view(torch.int16) if X.dtype == torch.bfloat16 else X
 
 
 @functools.cache
@@ -159,13 +179,52 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | No
     grid = (triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))
     n = noise if noise is not None else X
     _rowblock_kernel[grid](
-        X, n, codes, scales, R, C, X.stride(0), X.stride(1), n.stride(0), n.stride(1),
+        _bits(X), n, codes, scales, R, C, X.stride(0), X.stride(1), n.stride(0), n.stride(1),
         codes.stride(0), scales.stride(0),
-        float(elem.max), _reciprocal_of_max(elem.max), tensor_scales,
+        float(elem.max), _reciprocal_of_max(elem.max), tensor_scales, scales,
         BC=bc, TILE_R=tile_r, TILE_C=tile_c, RULE=RULES[rule],
         KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
-        STOCHASTIC=noise is not None, PACK=2 if pack else 1, SCALE_CODES=scale_codes,
+        STOCHASTIC=noise is not None, PACK=2 if pack else 1, SCALE_CODES=scale_codes, AMAX_MODE=0, X_BF16=X.dtype == torch.bfloat16,
         **format_constants(elem),
     )
     return codes, scales, s_dec
+
+
+def amax_supported(scheme: Scheme) -> bool:
+    """One block per row or one for the tensor, fp32 scales (FP8 tensorwise, rowwise, delayed)."""
+    return scheme.block in ((-1, -1), (1, -1)) and not scheme.two_level and scheme.scale_fmt.bits == 32
+
+
+def quantize_with_amax(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | None,
+                       amax: torch.Tensor | None = None, *, tile_r: int = 16, tile_c: int = 128):
+    """(codes, fp32 scales) of the (R, C) matrix X with one block per row or one for all.
+
+    One reduction gives the amax (per row or of the tensor, NaN propagating), then one kernel
+    applies the scale rule and writes scales and codes. `amax` overrides it where the actual
+    amax is finite, as the reference does for delayed scaling.
+    """
+    R, C = X.shape
+    elem = scheme.elem
+    per_row = scheme.block == (1, -1)
+    inf = float("inf")
+    actual = torch.linalg.vector_norm(X, ord=inf, dim=1) if per_row else torch.linalg.vector_norm(X, ord=inf)
+    actual = actual.float().reshape(-1)
+    if amax is not None:
+        actual = torch.where(torch.isfinite(actual), amax.float().to(X.device).reshape(-1), actual)
+    codes = torch.empty(R, (C + 1) // 2 if elem.bits == 4 else C, dtype=torch.uint8, device=X.device)
+    scales = torch.empty(R if per_row else 1, 1, dtype=torch.float32, device=X.device)
+    grid = (triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))
+    n = noise if noise is not None else X
+    rule = scheme.scale_rule if scheme.pow2 else "amax"
+    _rowblock_kernel[grid](
+        _bits(X), n, codes, scales, R, C, X.stride(0), X.stride(1), n.stride(0), n.stride(1),
+        codes.stride(0), scales.stride(0),
+        float(elem.max), _reciprocal_of_max(elem.max), scales, actual,
+        BC=tile_c, TILE_R=tile_r, TILE_C=tile_c, RULE=RULES[rule],
+        KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
+        STOCHASTIC=noise is not None, PACK=2 if elem.bits == 4 else 1, SCALE_CODES=False,
+        AMAX_MODE=1 if per_row else 2,
+        X_BF16=X.dtype == torch.bfloat16, **format_constants(elem),
+    )
+    return codes, scales
 
