@@ -334,3 +334,40 @@ def test_three_dimensional_inputs():
     assert y.shape == (2, 50, 48) and y.dtype == torch.float32
     y.float().sum().backward()
     assert x.grad.shape == x.shape and x.grad.dtype == torch.float32
+
+
+def test_cached_weight_is_reused_until_the_weight_changes(monkeypatch):
+    import fewerbits.linear as L
+
+    calls = []
+    real = L._prepare
+    monkeypatch.setattr(L, "_prepare", lambda t, op, *a: (calls.append(t.shape), real(t, op, *a))[1])
+    torch.manual_seed(0)
+    layer = fb.QuantizedLinear(64, 32, recipe="fp8_tensorwise")
+    w_shape = layer.weight.shape
+    x = torch.randn(16, 64, requires_grad=True)
+    reference = layer(x)
+    reference.sum().backward()
+    weight_preps = lambda: sum(s == w_shape for s in calls)  # noqa: E731
+    assert weight_preps() == 2  # off by default: fprop and dgrad each prepare the weight
+    layer.cache_weight = True
+    calls.clear()
+    for _ in range(3):  # three micro-batches of one step
+        out = layer(x)
+        out.sum().backward()
+    assert weight_preps() == 2  # once per GEMM, not once per micro-batch
+    assert torch.equal(out, reference)  # and the same values as without the cache
+    with torch.no_grad():
+        layer.weight.mul_(0.5)  # an optimizer step: the version counter moves
+    calls.clear()
+    changed = layer(x)
+    assert weight_preps() == 1 and not torch.equal(changed, reference)
+    layer.cache_weight = False
+    assert layer._config.weight_cache == {}
+    # delayed scaling and stochastic weights are never reused: their definition asks for a fresh cast
+    delayed = fb.QuantizedLinear(64, 32, recipe="fp8_delayed")
+    delayed.cache_weight = True
+    calls.clear()
+    delayed(x).sum().backward()
+    delayed(x).sum().backward()
+    assert weight_preps() == 4

@@ -393,3 +393,21 @@ def test_compare_runs_recipes_at_once_and_resume_keeps_finished_runs(corpus, cac
     assert json.loads((out / "bf16" / "summary.json").read_text())["steps"] == 8
     with pytest.raises(ValueError, match="--jobs must be at least 1"):
         compare(config(corpus, cache, tmp_path, out=str(tmp_path / "c3")), ["bf16"], jobs=0)
+
+
+def test_gradient_accumulation_reuses_quantized_weights_without_changing_a_bit(corpus, cache, tmp_path, monkeypatch):
+    import fewerbits.linear as L
+    import fewerbits.train.loop as loop
+
+    prepared = []
+    real = L._prepare
+    monkeypatch.setattr(L, "_prepare", lambda t, *a: (prepared.append(t.dim()), real(t, *a))[1])
+    kw = dict(recipe="fp8_tensorwise", steps=3, grad_accum=2, batch_size=2, eval_every=3, checkpoint_every=0)
+    cached = train(config(corpus, cache, tmp_path, out=str(tmp_path / "a"), **kw))
+    with_cache = len(prepared)
+    monkeypatch.setattr(loop, "set_weight_cache", lambda model, on: [])  # no reuse anywhere
+    prepared.clear()
+    plain = train(config(corpus, cache, tmp_path, out=str(tmp_path / "b"), **kw))
+    assert with_cache < len(prepared)  # fewer weight preparations: micro-batches and evaluation share them
+    losses = lambda run: [r.get("loss", r.get("val_loss")) for r in read_metrics(tmp_path / run)]  # noqa: E731
+    assert losses("a") == losses("b") and cached["final_val_loss"] == plain["final_val_loss"]

@@ -110,6 +110,25 @@ class _Config:
     def __init__(self, recipe: Recipe, native, save_quantized_input: bool, state):
         self.recipe, self.native = recipe, native
         self.save_quantized_input, self.state = save_quantized_input, state
+        self.cache_weight = False
+        self.weight_cache: dict = {}  # axis → (weight version, quantized weight)
+
+    def weight_operand(self, weight, op: Operand, gemm: Gemm, axis: int, dtype, amax):
+        """The weight prepared for one GEMM; with cache_weight, reused while the weight is
+        unchanged (micro-batches of one optimizer step, evaluation). A weight with delayed-
+        scaling amaxes or stochastic rounding is prepared afresh each time, as its definition
+        asks; so is every weight while a graph is being traced."""
+        reusable = (self.cache_weight and amax is None and op.rounding == "nearest"
+                    and not torch.compiler.is_compiling())
+        if not reusable:
+            return _prepare(weight, op, gemm, axis, dtype, amax)
+        key = (weight._version, weight.data_ptr(), weight.dtype, tuple(weight.shape))
+        hit = self.weight_cache.get(axis)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        prepared = _prepare(weight, op, gemm, axis, dtype, amax)
+        self.weight_cache[axis] = (key, prepared)
+        return prepared
 
 
 class _QuantizedLinearFn(torch.autograd.Function):
@@ -128,7 +147,10 @@ class _QuantizedLinearFn(torch.autograd.Function):
         # ---- fprop: output = input @ weight_t ------------------------- (M, K) · (N, K)ᵀ
         fp = recipe.fprop
         a = _prepare(x2, fp.a, fp, 1, dt, amax_in)
-        b = _prepare(weight, fp.b, fp, 1, dt, amax_w)
+        if recipe.weight_qat is not None:  # Q(W) is a new tensor each call: nothing to reuse
+            b = _prepare(weight, fp.b, fp, 1, dt, amax_w)
+        else:
+            b = cfg.weight_operand(weight, fp.b, fp, 1, dt, amax_w)
         out = _matmul(a, b, x.dtype, recipe, cfg.native)  # a drop-in: output in x's dtype
         if bias is not None:
             out = out + bias.to(out.dtype)
@@ -163,7 +185,10 @@ class _QuantizedLinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dg = recipe.dgrad
             a = _prepare(g2, dg.a, dg, 1, dt, amax_g)
-            b = _prepare(weight, dg.b, dg, 0, dt, ctx.amax_w)  # column-wise: along N
+            if recipe.weight_qat is not None:  # column-wise: along N
+                b = _prepare(weight, dg.b, dg, 0, dt, ctx.amax_w)
+            else:
+                b = cfg.weight_operand(weight, dg.b, dg, 0, dt, ctx.amax_w)
             grad_input = _matmul(a, b, ctx.x_dtype, recipe, cfg.native).reshape(ctx.x_shape)
 
         # ---- wgrad: grad_weight = grad_output_t @ input ---------------- (N, M) · (K, M)ᵀ
@@ -231,6 +256,21 @@ class QuantizedLinear(nn.Linear):
             state = DelayedScalingState(self.recipe.delayed, self.recipe)
             self.delayed_scaling = state.to(self.weight.device)
         self._config = _Config(self.recipe, native, save_quantized_input, self.delayed_scaling)
+
+    @property
+    def cache_weight(self) -> bool:
+        """Reuse the quantized weight while the weight is unchanged (off by default: the copy
+        then stays in memory between steps). Worth it with gradient accumulation, where the
+        micro-batches of a step share one weight, and for evaluation. "Unchanged" means the
+        same storage and version counter: in-place updates through `weight.data` are not seen,
+        so switch it off (which empties the cache) around such updates."""
+        return self._config.cache_weight
+
+    @cache_weight.setter
+    def cache_weight(self, on: bool) -> None:
+        self._config.cache_weight = bool(on)
+        if not on:
+            self._config.weight_cache.clear()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.delayed_scaling is not None:

@@ -25,9 +25,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from ..hardware import resolve_device
+from ..linear import QuantizedLinear
 from ..models import Llama, get_preset
 from ..recipes import get_recipe
 from . import checkpoint as ckpt
@@ -141,10 +143,22 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
 
 
 @torch.no_grad()
+def set_weight_cache(model: nn.Module, on: bool) -> list:
+    """Switch weight reuse (QuantizedLinear.cache_weight) on or off; returns the previous states."""
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    before = [m.cache_weight for m in layers]
+    for m in layers:
+        m.cache_weight = on
+    return list(zip(layers, before))
+
+
+@torch.no_grad()
 def evaluate(model, windows, batch_size: int, device) -> float:
-    """Mean cross-entropy over fixed validation windows (no state is updated)."""
+    """Mean cross-entropy over fixed validation windows (no state is updated); the quantized
+    weights are prepared once for all windows."""
     was_training = model.training
     model.eval()
+    previous = set_weight_cache(model, True)
     x_all, y_all = windows
     total, count = 0.0, 0
     for i in range(0, len(x_all), batch_size):
@@ -153,6 +167,8 @@ def evaluate(model, windows, batch_size: int, device) -> float:
         total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
         count += y.numel()
     model.train(was_training)
+    for layer, on in previous:
+        layer.cache_weight = on
     return total / count
 
 
@@ -217,6 +233,8 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
     metrics = Metrics(run, cfg.tensorboard)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    if cfg.grad_accum > 1:  # the micro-batches of a step share each quantized weight
+        set_weight_cache(model, True)
     step_model = torch.compile(model) if cfg.compile else model
     windows = eval_windows(data.val, cfg.eval_windows, cfg.seq_len)
     params = [p for p in model.parameters() if p.requires_grad]
