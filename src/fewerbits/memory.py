@@ -1,0 +1,307 @@
+"""How much memory a training run takes per GPU, before it starts.
+
+`estimate_memory(model, recipe, ...)` itemises the bytes a fewerbits training step holds, for
+the trainer's Llama model (a preset, a Hugging Face-style config, or shapes you give):
+
+    master weights       fp32, every parameter (the optimizer steps on them)
+    gradients            fp32 (or bf16; with an fp32 accumulation buffer if asked)
+    optimizer states     AdamW: two per parameter in fp32, bf16 or 8 bits (+ block scales),
+                         and a step counter per parameter tensor
+    kept weight copies   the quantized (or bf16) weight operands reused between micro-batches
+                         when gradients accumulate (QuantizedLinear.cache_weight)
+    recipe state         delayed scaling's amax histories (3 × 1024 fp32 per Linear)
+    model buffers        the rotary tables
+    activations          what autograd saves for backward, per block, counted from the model's
+                         own operations (below); with per-block checkpointing, each block's
+                         input plus one block's activations
+    logits and loss      fp32 logits, log-softmax output and their gradients at the start of
+                         backward: 16 bytes per token per vocabulary entry
+    optimizer temporaries  the AdamW step's three fp32 temporaries for the largest tensor
+
+The peak is the larger of two moments: the start of backward (weights, states, activations,
+logits) and the optimizer step (weights, gradients, states, temporaries). Everything but the
+activations and the two transient items is exact for the trainer's model: it is the sum of the
+real tensors (tests build them and compare). Activations per block, T = batch × sequence tokens,
+d model width, f MLP width, H query heads, c bytes of the compute dtype:
+
+    each RMSNorm (×2)   x in fp32 (4Td), x·rsqrt (4Td), rsqrt (4T)
+    attention           the q/k/v input (cTd), q, k, v after rotary and head repetition (3cTd),
+                        the attention output (cTd), its log-sum-exp (4TH), o_proj's input (cTd)
+    SwiGLU              its input (cTd), gate output, silu output, up output, down input (4cTf)
+
+Every recipe saves the compute-dtype input of each Linear (quantization happens on the fly), so
+activations do not depend on the recipe's formats. Data parallelism shards states (ZeRO-1),
+plus gradients (ZeRO-2), plus master weights (ZeRO-3 / FSDP); tensor parallelism splits the
+block and vocabulary matrices and the activations inside attention and the MLP (Megatron style,
+no sequence parallelism). Mixture-of-experts activations assume even routing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .models import ModelConfig, PRESETS, get_preset
+from .recipes import Recipe, get_recipe
+from .schemes import get_scheme
+
+GiB = 2**30
+STATE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "8bit": 1.0 + 4 / 2048}  # 8-bit: fp32 absmax per 2048
+GRAD_BYTES = {"float32": 4, "bfloat16": 2}
+CHECKPOINTING = ("none", "block")
+AMAX_HISTORY = 1024
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU, itemised; `total_bytes` is the estimated peak."""
+
+    model: str
+    recipe: str
+    params: int  #: parameters of the whole model (unsharded)
+    items: dict[str, int]  #: item → bytes per GPU
+    phases: dict[str, int]  #: the two peak candidates → bytes
+    total_bytes: int
+    settings: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> str:
+        width = max(len(k) for k in self.items)
+        lines = [f"{self.model}, recipe {self.recipe}: {self.params:,} parameters; "
+                 + ", ".join(f"{k} {v}" for k, v in self.settings.items()), ""]
+        for name, b in self.items.items():
+            lines.append(f"  {name:<{width}}  {b / GiB:10.3f} GiB  {b / max(self.params, 1):8.2f} B/param")
+        for name, b in self.phases.items():
+            lines.append(f"  {'at ' + name:<{width}}  {b / GiB:10.3f} GiB")
+        lines.append(f"  {'peak per GPU':<{width}}  {self.total_bytes / GiB:10.3f} GiB")
+        return "\n".join(lines)
+
+
+# -- the model's shapes -------------------------------------------------------------------------
+
+
+def model_config(model) -> tuple[str, ModelConfig]:
+    """(name, ModelConfig) from a preset name, a ModelConfig, a Hugging Face-style config dict,
+    or the path of such a JSON file."""
+    if isinstance(model, ModelConfig):
+        if model.vocab_size is None:
+            raise ValueError("the ModelConfig has no vocab_size")
+        return "custom", model
+    if isinstance(model, str) and model in PRESETS:
+        return model, get_preset(model, 8192 if PRESETS[model].vocab_size is None else None)
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if not path.exists():
+            raise ValueError(f"{model!r} is neither a preset ({', '.join(PRESETS)}) nor a config file")
+        try:
+            model = json.loads(path.read_text())
+        except ValueError as e:
+            raise ValueError(f"{path} is not JSON: {e}") from None
+        return path.name, from_hf_config(model)
+    if isinstance(model, dict):
+        return "config", from_hf_config(model)
+    raise TypeError("model must be a preset name, a ModelConfig, a config dict or a JSON path")
+
+
+def from_hf_config(c: dict) -> ModelConfig:
+    """A ModelConfig from Hugging Face Llama/Mixtral-style keys (or fewerbits' own)."""
+    def get(*names, default=None):
+        for n in names:
+            if n in c and c[n] is not None:
+                return c[n]
+        if default is None:
+            raise ValueError(f"the config lacks {names[0]!r}")
+        return default
+
+    dim = get("hidden_size", "dim")
+    heads = get("num_attention_heads", "n_heads")
+    cfg = dict(
+        dim=dim, n_layers=get("num_hidden_layers", "n_layers"), n_heads=heads,
+        n_kv_heads=get("num_key_value_heads", "n_kv_heads", default=heads),
+        ffn_dim=get("intermediate_size", "ffn_dim"), vocab_size=get("vocab_size"),
+        max_seq_len=get("max_position_embeddings", "max_seq_len", default=2048),
+        n_experts=get("num_local_experts", "n_experts", default=0),
+        top_k=get("num_experts_per_tok", "top_k", default=2),
+    )
+    for k, v in cfg.items():
+        if not isinstance(v, int) or (v < 1 and k != "n_experts") or v < 0:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")
+    return ModelConfig(**cfg)
+
+
+def config_from_params(params: int, *, dim: int, n_layers: int, n_heads: int, vocab_size: int,
+                       n_kv_heads: int | None = None) -> ModelConfig:
+    """The dense ModelConfig with this parameter count and layer shape (the MLP width solves
+    for the rest, rounded to a multiple of 64)."""
+    kv = n_kv_heads or n_heads
+    hd = dim // n_heads if n_heads else 0
+    if min(params, dim, n_layers, n_heads, vocab_size, kv) < 1:
+        raise ValueError("params, dim, layers, heads and vocabulary must be positive")
+    fixed = 2 * vocab_size * dim + dim + n_layers * (2 * dim * n_heads * hd + 2 * dim * kv * hd + 2 * dim)
+    ffn = (params - fixed) / (3 * dim * n_layers)
+    if ffn < 1:
+        raise ValueError(f"{params:,} parameters do not fill {n_layers} layers of width {dim} "
+                         f"with a vocabulary of {vocab_size} (embeddings and attention alone take {fixed:,})")
+    return ModelConfig(dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=kv,
+                       ffn_dim=max(64, round(ffn / 64) * 64), vocab_size=vocab_size)
+
+
+TP_SPLIT = ("embed_tokens", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+COLUMN_SPLIT = ("embed_tokens", "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head")  # out_features
+
+
+@dataclass
+class Inventory:
+    """What the trainer's model holds under a recipe, read off the model built on the meta device."""
+
+    params: list  #: (name, numel, split by tensor parallelism)
+    buffers: int  #: bytes of the model's own buffers (rotary tables)
+    recipe_state: int  #: bytes of the recipe's buffers (delayed scaling's amax histories)
+    linears: list  #: (name, in_features, out_features, the recipe the layer runs)
+
+
+def inventory(cfg: ModelConfig, recipe: Recipe) -> Inventory:
+    import torch
+
+    from .linear import QuantizedLinear
+    from .models import Llama
+    from .train.precision import apply_recipe
+
+    with torch.device("meta"):
+        model = Llama(cfg)
+    apply_recipe(model, recipe)
+    params = [(n, p.numel(), n.split(".")[-2] in TP_SPLIT) for n, p in model.named_parameters()]
+    state = sum(b.nbytes for n, b in model.named_buffers() if ".delayed_scaling." in n)
+    buffers = sum(b.nbytes for n, b in model.named_buffers() if ".delayed_scaling." not in n)
+    linears = [(n, m.in_features, m.out_features, m.recipe) for n, m in model.named_modules()
+               if isinstance(m, QuantizedLinear)]
+    return Inventory(params, buffers, state, linears)
+
+
+# -- the estimate -------------------------------------------------------------------------------
+
+
+def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size: int = 8, seq_len: int = 2048,
+                    state_dtype: str = "float32", grad_dtype: str = "float32", fp32_grad_accumulation: bool = False,
+                    grad_accum: int = 1, checkpointing: str = "none", dp: int = 1, zero: int = 0,
+                    tp: int = 1) -> MemoryEstimate:
+    """Itemised bytes per GPU of training `model` under `recipe` (see the module docstring).
+
+    batch_size is the micro-batch per GPU; zero is the ZeRO stage (3 = FSDP full sharding).
+    """
+    name, cfg = model_config(model)
+    recipe = get_recipe(recipe)
+    for k, v in dict(batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, dp=dp, tp=tp).items():
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")
+    if state_dtype not in STATE_BYTES:
+        raise ValueError(f"state_dtype must be one of {', '.join(STATE_BYTES)}, not {state_dtype!r}")
+    if grad_dtype not in GRAD_BYTES:
+        raise ValueError(f"grad_dtype must be one of {', '.join(GRAD_BYTES)}, not {grad_dtype!r}")
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"checkpointing must be one of {', '.join(CHECKPOINTING)}, not {checkpointing!r}")
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero must be 0, 1, 2 or 3, not {zero!r}")
+    if zero and dp == 1:
+        raise ValueError("ZeRO sharding needs a data-parallel size above 1 (--dp)")
+    if seq_len > cfg.max_seq_len:
+        raise ValueError(f"seq_len {seq_len} exceeds the model's max_seq_len {cfg.max_seq_len}")
+    for what, size in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads), ("ffn_dim", cfg.ffn_dim),
+                       ("vocab_size", cfg.vocab_size)):
+        if size % tp:
+            raise ValueError(f"{what} = {size} is not divisible by the tensor-parallel size {tp}")
+
+    inv = inventory(cfg, recipe)
+    params = sum(n for _, n, _ in inv.params)
+    local = [n // tp if split else n for _, n, split in inv.params]  # this GPU's share under TP
+    p_local = sum(local)
+    shard = lambda b, stage: math.ceil(b / dp) if zero >= stage else b  # noqa: E731
+
+    items: dict[str, int] = {}
+    items["master weights (fp32)"] = shard(4 * p_local, 3)
+    items["gradients"] = shard(GRAD_BYTES[grad_dtype] * p_local, 2)
+    if fp32_grad_accumulation and grad_dtype != "float32":
+        items["fp32 gradient accumulation"] = shard(4 * p_local, 2)
+    items["optimizer states"] = shard(math.ceil(2 * STATE_BYTES[state_dtype] * p_local), 1) + 4 * len(inv.params)
+    items["kept weight copies"] = _kept_weights(inv, tp) if grad_accum > 1 else 0
+    items["recipe state (amax histories)"] = inv.recipe_state
+    items["model buffers"] = inv.buffers
+    items["activations"] = _activations(cfg, recipe, batch_size * seq_len, checkpointing, tp)
+    tokens = batch_size * seq_len
+    items["logits and loss"] = 16 * tokens * cfg.vocab_size // tp
+    items["optimizer temporaries"] = 3 * 4 * max(local)
+
+    resident = (items["master weights (fp32)"] + items["optimizer states"] + items["kept weight copies"]
+                + items["recipe state (amax histories)"] + items["model buffers"]
+                + items.get("fp32 gradient accumulation", 0))
+    phases = {
+        "start of backward": resident + items["activations"] + items["logits and loss"],
+        "optimizer step": resident + items["gradients"] + items["optimizer temporaries"],
+    }
+    settings = dict(batch_size=batch_size, seq_len=seq_len, state_dtype=state_dtype, grad_dtype=grad_dtype,
+                    grad_accum=grad_accum, checkpointing=checkpointing, dp=dp, zero=zero, tp=tp)
+    return MemoryEstimate(name, recipe.name, params, items, phases, max(phases.values()), settings)
+
+
+def _kept_weights(inv: Inventory, tp: int) -> int:
+    """Bytes of the fprop and dgrad weight operands that QuantizedLinear.cache_weight keeps."""
+    from .quantize import quantized_nbytes
+
+    total = 0
+    for name, k, n, recipe in inv.linears:
+        layer = name.split(".")[-1]
+        n = n // tp if layer in COLUMN_SPLIT else n
+        k = k // tp if layer in ("o_proj", "down_proj") else k
+        for gemm, axis in ((recipe.fprop, 1), (recipe.dgrad, 0)):
+            op = gemm.b
+            if op.scheme is None:  # a copy in the compute dtype (none in fp32: the parameter itself)
+                total += 0 if recipe.compute_dtype.itemsize == 4 else n * k * recipe.compute_dtype.itemsize
+            elif op.rounding == "nearest" and recipe.delayed is None:  # else prepared afresh each time
+                total += quantized_nbytes((n, k), get_scheme(op.scheme), axis=axis)
+    return total
+
+
+def _activations(cfg: ModelConfig, recipe: Recipe, T: int, checkpointing: str, tp: int) -> int:
+    c = recipe.compute_dtype.itemsize
+    d, f, H = cfg.dim, cfg.ffn_dim, cfg.n_heads
+    norm = 8 * T * d + 4 * T
+    attn = c * T * d + (5 * c * T * d + 4 * T * H) // tp  # the input is replicated across TP ranks
+    if cfg.n_experts:
+        k, E = cfg.top_k, cfg.n_experts
+        routed = k * T  # token slots, spread evenly over the experts
+        mlp = c * T * d + 4 * T * E + 12 * T * k + (routed * (2 * c * d + 4 * c * f) + 16 * routed) // tp
+    else:
+        mlp = c * T * d + 4 * c * T * f // tp
+    block = 2 * norm + attn + mlp
+    if checkpointing == "block":
+        blocks = cfg.n_layers * c * T * d + block  # each block's input, and one block recomputed
+    else:
+        blocks = cfg.n_layers * block
+    return blocks + 8 * T + norm + c * T * d  # token ids, final norm, lm_head's input
+
+
+# -- the survey's table -------------------------------------------------------------------------
+
+
+SURVEY_70B = (  # (setting, the survey's figure in GB, bytes per parameter under its accounting)
+    ("FP32", 1300, "weights 4 + gradients 4 + Adam 8 = 16 B/param, + activations"),
+    ("BF16 mixed", 940, "weights 2 + gradients 2 + Adam 8 = 12 B/param, + activations; no fp32 master copy"),
+    ("FP8 mixed", 750, "weights 1 + gradients 1 + Adam 8 = 10 B/param, + activations; no fp32 master copy"),
+)
+
+
+def survey_table(params: float = 70e9) -> str:
+    """The survey's 70B memory table line by line, next to the full accounting with master weights."""
+    per = {"FP32": (4, 4, 8, 0), "BF16 mixed": (2, 2, 8, 4), "FP8 mixed": (1, 1, 8, 4)}
+    lines = ["| setting | survey (GB) | survey's states (GB) | implied activations (GB) | + fp32 master weights (GB) | full states (GB) |",
+             "|---|--:|--:|--:|--:|--:|"]
+    for setting, figure, _ in SURVEY_70B:
+        w, g, adam, master = per[setting]
+        states = (w + g + adam) * params / 1e9
+        lines.append(f"| {setting} | {figure:,} | {states:,.0f} | {figure - states:,.0f} | {master * params / 1e9:,.0f} | "
+                     f"{(w + g + adam + master) * params / 1e9:,.0f} |")
+    return "\n".join(lines)
