@@ -24,12 +24,15 @@ from .formats import FORMATS, FloatFormat, get_format
 from .gemm import scaled_matmul
 from .hadamard import Hadamard
 from .linear import QuantizedLinear
+from .memory import MemoryEstimate, estimate_memory
 from .quantize import QuantizedTensor, fake_quantize, quantize, quantized_nbytes
 from .recipes import RECIPES, DelayedScaling, Gemm, Operand, Recipe, get_recipe
 from .rounding import cast
 from .schemes import SCHEMES, Scheme, get_scheme
 
 __all__ = [
+    "MemoryEstimate",
+    "estimate_memory",
     "FORMATS",
     "FloatFormat",
     "get_format",

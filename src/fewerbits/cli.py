@@ -238,6 +238,45 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_memory(args) -> int:
+    from . import memory
+
+    if args.survey:
+        print("The survey's 70B table, line by line under its own accounting (weights and gradients in the "
+              "training precision, fp32 Adam states, no master weights), next to the accounting with fp32 "
+              "master weights:\n")
+        print(memory.survey_table())
+        return 0
+    shape = [args.params, args.dim, args.layers, args.heads, args.vocab]
+    if args.params is not None:
+        if None in shape:
+            raise ValueError("--params needs --dim, --layers, --heads and --vocab too")
+        model = memory.config_from_params(args.params, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
+                                          vocab_size=args.vocab, n_kv_heads=args.kv_heads)
+    else:
+        model = args.config or args.preset
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    estimates = [
+        memory.estimate_memory(
+            model, r, batch_size=args.batch_size, seq_len=args.seq_len, state_dtype=args.state_dtype,
+            grad_dtype=args.grad_dtype, fp32_grad_accumulation=args.fp32_grad_accumulation,
+            grad_accum=args.grad_accum, checkpointing=args.checkpointing, dp=args.dp, zero=args.zero, tp=args.tp,
+        )
+        for r in recipes
+    ]
+    if args.plot:
+        memory.plot(estimates, args.plot)
+    if args.json:
+        out = estimates[0].to_dict() if len(estimates) == 1 else {"estimates": [e.to_dict() for e in estimates]}
+        json.dump(out, sys.stdout, indent=2)
+        print()
+    else:
+        print(memory.comparison_table(estimates))
+        if args.plot:
+            print(f"\nwrote {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fewerbits", description="Train language models with fewer bits."
@@ -295,6 +334,31 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also measure this library's FP8 training of the same model")
         b.set_defaults(func=cmd_bench)
 
+    p = sub.add_parser("memory", help="estimate the memory per GPU of training a model under each recipe")
+    p.add_argument("--preset", default="small", help="model shapes (see fewerbits.models.PRESETS)")
+    p.add_argument("--config", default=None, help="a Hugging Face-style config.json instead of a preset")
+    p.add_argument("--params", type=int, default=None, help="a parameter count instead (with --dim, --layers, --heads, --vocab)")
+    p.add_argument("--dim", type=int, default=None, help="model width, with --params")
+    p.add_argument("--layers", type=int, default=None, help="transformer blocks, with --params")
+    p.add_argument("--heads", type=int, default=None, help="query heads, with --params")
+    p.add_argument("--kv-heads", type=int, default=None, help="key/value heads, with --params (default: --heads)")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary, with --params")
+    p.add_argument("--recipes", default="bf16,fp8_tensorwise,fp8_blockwise,mxfp8,nvfp4", help="comma-separated recipes")
+    p.add_argument("--batch-size", type=int, default=8, help="micro-batch per GPU (sequences)")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
+    p.add_argument("--state-dtype", default="float32", help="AdamW states: float32, bfloat16 or 8bit")
+    p.add_argument("--grad-dtype", default="float32", help="gradients: float32 or bfloat16")
+    p.add_argument("--fp32-grad-accumulation", action="store_true", help="bf16 gradients accumulate into an fp32 buffer")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (above 1, weight copies are kept)")
+    p.add_argument("--checkpointing", default="none", help="activation checkpointing: none or block")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel size")
+    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over --dp (3 = FSDP full sharding)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--json", action="store_true", help="print JSON: params, total_bytes, items (bytes)")
+    p.add_argument("--plot", default=None, help="write a stacked bar per recipe to this PNG")
+    p.add_argument("--survey", action="store_true", help="the survey's 70B table next to the full accounting")
+    p.set_defaults(func=cmd_memory)
+
     p = sub.add_parser("sample", help="generate text from a trained run")
     p.add_argument("--checkpoint", required=True, help="a run folder (or its checkpoint folder)")
     p.add_argument("--prompt", default="def ", help="text to continue")
@@ -311,12 +375,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # output piped into `head` and the like (before OSError: it is one)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, TypeError, RuntimeError, OSError) as e:
         print(f"fewerbits: error: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # output piped into `head` and the like
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":

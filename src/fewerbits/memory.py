@@ -51,6 +51,12 @@ GiB = 2**30
 STATE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "8bit": 1.0 + 4 / 2048}  # 8-bit: fp32 absmax per 2048
 GRAD_BYTES = {"float32": 4, "bfloat16": 2}
 CHECKPOINTING = ("none", "block")
+RESIDENT = ("master weights (fp32)", "optimizer states", "kept weight copies", "recipe state (amax histories)",
+            "model buffers", "fp32 gradient accumulation")
+PHASE_ITEMS = {  # what is alive at each peak candidate
+    "start of backward": RESIDENT + ("activations", "logits and loss"),
+    "optimizer step": RESIDENT + ("gradients", "optimizer temporaries"),
+}
 AMAX_HISTORY = 1024
 
 
@@ -185,7 +191,7 @@ def inventory(cfg: ModelConfig, recipe: Recipe) -> Inventory:
 # -- the estimate -------------------------------------------------------------------------------
 
 
-def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size: int = 8, seq_len: int = 2048,
+def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size: int = 8, seq_len: int = 1024,
                     state_dtype: str = "float32", grad_dtype: str = "float32", fp32_grad_accumulation: bool = False,
                     grad_accum: int = 1, checkpointing: str = "none", dp: int = 1, zero: int = 0,
                     tp: int = 1) -> MemoryEstimate:
@@ -235,13 +241,7 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
     items["logits and loss"] = 16 * tokens * cfg.vocab_size // tp
     items["optimizer temporaries"] = 3 * 4 * max(local)
 
-    resident = (items["master weights (fp32)"] + items["optimizer states"] + items["kept weight copies"]
-                + items["recipe state (amax histories)"] + items["model buffers"]
-                + items.get("fp32 gradient accumulation", 0))
-    phases = {
-        "start of backward": resident + items["activations"] + items["logits and loss"],
-        "optimizer step": resident + items["gradients"] + items["optimizer temporaries"],
-    }
+    phases = {phase: sum(items.get(k, 0) for k in keys) for phase, keys in PHASE_ITEMS.items()}
     settings = dict(batch_size=batch_size, seq_len=seq_len, state_dtype=state_dtype, grad_dtype=grad_dtype,
                     grad_accum=grad_accum, checkpointing=checkpointing, dp=dp, zero=zero, tp=tp)
     return MemoryEstimate(name, recipe.name, params, items, phases, max(phases.values()), settings)
@@ -287,21 +287,74 @@ def _activations(cfg: ModelConfig, recipe: Recipe, T: int, checkpointing: str, t
 # -- the survey's table -------------------------------------------------------------------------
 
 
-SURVEY_70B = (  # (setting, the survey's figure in GB, bytes per parameter under its accounting)
-    ("FP32", 1300, "weights 4 + gradients 4 + Adam 8 = 16 B/param, + activations"),
-    ("BF16 mixed", 940, "weights 2 + gradients 2 + Adam 8 = 12 B/param, + activations; no fp32 master copy"),
-    ("FP8 mixed", 750, "weights 1 + gradients 1 + Adam 8 = 10 B/param, + activations; no fp32 master copy"),
+#: The survey's 70B dense-model table (GB) and the bytes per parameter that reproduce its states:
+#: weights and gradients in the training precision, two fp32 Adam states, no fp32 master copy.
+#: Whatever the figure holds beyond those states is read as its activation allowance.
+SURVEY_70B = (  # (setting, GB, weight bytes, gradient bytes, Adam bytes, master bytes it leaves out)
+    ("FP32", 1300, 4, 4, 8, 0),
+    ("BF16 mixed", 940, 2, 2, 8, 4),
+    ("FP8 mixed", 750, 1, 1, 8, 4),
 )
 
 
 def survey_table(params: float = 70e9) -> str:
-    """The survey's 70B memory table line by line, next to the full accounting with master weights."""
-    per = {"FP32": (4, 4, 8, 0), "BF16 mixed": (2, 2, 8, 4), "FP8 mixed": (1, 1, 8, 4)}
-    lines = ["| setting | survey (GB) | survey's states (GB) | implied activations (GB) | + fp32 master weights (GB) | full states (GB) |",
-             "|---|--:|--:|--:|--:|--:|"]
-    for setting, figure, _ in SURVEY_70B:
-        w, g, adam, master = per[setting]
+    """The survey's 70B table line by line, next to the same rows with the fp32 master weights
+    it leaves out, and next to what fewerbits keeps per parameter (16 bytes in every recipe)."""
+    lines = ["| setting | survey (GB) | its states: B/param (GB) | its activations (GB, the rest) | "
+             "fp32 master weights it omits (GB) | with them (GB) | fewerbits' states: 16 B/param (GB) | "
+             "fewerbits + the same activations (GB) |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for setting, figure, w, g, adam, master in SURVEY_70B:
         states = (w + g + adam) * params / 1e9
-        lines.append(f"| {setting} | {figure:,} | {states:,.0f} | {figure - states:,.0f} | {master * params / 1e9:,.0f} | "
-                     f"{(w + g + adam + master) * params / 1e9:,.0f} |")
+        acts = figure - states
+        ours = 16 * params / 1e9
+        lines.append(f"| {setting} | {figure:,} | {w + g + adam} ({states:,.0f}) | {acts:,.0f} | "
+                     f"{master * params / 1e9:,.0f} | {figure + master * params / 1e9:,.0f} | {ours:,.0f} | "
+                     f"{ours + acts:,.0f} |")
     return "\n".join(lines)
+
+
+def comparison_table(estimates: list[MemoryEstimate]) -> str:
+    """Items as rows, recipes as columns, GiB per GPU."""
+    e0 = estimates[0]
+    head = (f"{e0.model}: {e0.params:,} parameters; "
+            + ", ".join(f"{k} {v}" for k, v in e0.settings.items()) + "\n\n")
+    names = list(dict.fromkeys(k for e in estimates for k in e.items))
+    lines = ["| GiB per GPU | " + " | ".join(e.recipe for e in estimates) + " |",
+             "|---|" + "--:|" * len(estimates)]
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(f"{e.items.get(name, 0) / GiB:.3f}" for e in estimates) + " |")
+    for phase in e0.phases:
+        lines.append(f"| at {phase} | " + " | ".join(f"{e.phases[phase] / GiB:.3f}" for e in estimates) + " |")
+    lines.append("| **peak** | " + " | ".join(f"**{e.total_bytes / GiB:.3f}**" for e in estimates) + " |")
+    return head + "\n".join(lines)
+
+
+def plot(estimates: list[MemoryEstimate], path: str | Path) -> None:
+    """A stacked bar of each estimate's items at its peak moment, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(estimates[0].items)
+    fig, ax = plt.subplots(figsize=(1.6 * len(estimates) + 4, 5))
+    for i, e in enumerate(estimates):
+        peak = max(e.phases, key=e.phases.get)
+        shown = PHASE_ITEMS[peak]
+        bottom = 0.0
+        for j, name in enumerate(names):
+            if name not in shown and not (name == "fp32 gradient accumulation" and name in e.items):
+                continue
+            height = e.items.get(name, 0) / GiB
+            ax.bar(i, height, bottom=bottom, color=f"C{j % 10}", label=name if i == 0 else None)
+            bottom += height
+        ax.text(i, bottom, f"{e.total_bytes / GiB:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(estimates)), [e.recipe for e in estimates])
+    ax.set_ylabel("GiB per GPU at the peak")
+    e0 = estimates[0]
+    ax.set_title(f"{e0.model}: batch {e0.settings['batch_size']} × {e0.settings['seq_len']}")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
