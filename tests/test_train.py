@@ -411,3 +411,48 @@ def test_gradient_accumulation_reuses_quantized_weights_without_changing_a_bit(c
     assert with_cache < len(prepared)  # fewer weight preparations: micro-batches and evaluation share them
     losses = lambda run: [r.get("loss", r.get("val_loss")) for r in read_metrics(tmp_path / run)]  # noqa: E731
     assert losses("a") == losses("b") and cached["final_val_loss"] == plain["final_val_loss"]
+
+
+@torch.no_grad()
+def _adamw_reference(params, states, lr, b1, b2, eps, wd, state_dtype):
+    """The single-tensor AdamW formula (the optimizer's definition), one parameter at a time."""
+    for p, s in zip(params, states):
+        if not s:
+            s.update(step=0, m=torch.zeros_like(p, dtype=state_dtype), v=torch.zeros_like(p, dtype=state_dtype))
+        s["step"] += 1
+        t = s["step"]
+        g = p.grad.float()
+        m = s["m"].float().lerp_(g, 1 - b1)
+        v = s["v"].float().mul_(b2).addcmul_(g, g, value=1 - b2)
+        s["m"].copy_(m)
+        s["v"].copy_(v)
+        update = (m / (1 - b1**t)) / (v / (1 - b2**t)).sqrt_().add_(eps)
+        if wd:
+            update = update.add(p.float(), alpha=wd)
+        p.add_(update.to(p.dtype), alpha=-lr)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_adamw_equals_the_single_tensor_formula_bit_for_bit(state_dtype):
+    torch.manual_seed(0)
+    shapes = [(33, 17), (64,), (5, 3, 2), (1,)]
+    ours = [torch.randn(s, requires_grad=True) for s in shapes]
+    ref = [p.detach().clone().requires_grad_() for p in ours]
+    opt = fb.train.optim.AdamW([{"params": ours[:2], "weight_decay": 0.1}, {"params": ours[2:], "weight_decay": 0.0}],
+                               lr=3e-3, state_dtype=state_dtype)
+    states = [{} for _ in ref]
+    for step in range(6):
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            if step == 2 and i == 1:  # a parameter without a gradient this step falls behind by one
+                a.grad = b.grad = None
+                continue
+            g = torch.randn(a.shape) * 10 ** (step - 3)
+            a.grad, b.grad = g.clone(), g.clone()
+        opt.step()
+        live = [i for i, b in enumerate(ref) if b.grad is not None]
+        for wd, idx in ((0.1, [0, 1]), (0.0, [2, 3])):
+            use = [i for i in idx if i in live]
+            _adamw_reference([ref[i] for i in use], [states[i] for i in use], 3e-3, 0.9, 0.95, 1e-8, wd, state_dtype)
+        for a, b in zip(ours, ref):
+            assert torch.equal(a, b)
+    assert opt.state[ours[1]]["step"].item() == 5 and opt.state[ours[0]]["step"].item() == 6

@@ -34,8 +34,12 @@ class AdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One update of every parameter with a gradient. Parameters of a group that share a
+        device, dtype and step count are updated together with torch's multi-tensor ops; the
+        arithmetic per element is the single-tensor formula's, in the same order."""
         for group in self.param_groups:
             b1, b2 = group["betas"]
+            batches: dict = {}
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -45,14 +49,28 @@ class AdamW(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype)
                     state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype)
                 state["step"] += 1
-                t = state["step"].item()
-                g = p.grad.float()
-                m = state["exp_avg"].float().lerp_(g, 1 - b1)
-                v = state["exp_avg_sq"].float().mul_(b2).addcmul_(g, g, value=1 - b2)
-                state["exp_avg"].copy_(m)
-                state["exp_avg_sq"].copy_(v)
-                denom = (v / (1 - b2**t)).sqrt_().add_(group["eps"])
-                update = (m / (1 - b1**t)) / denom
-                if group["weight_decay"]:
-                    update = update.add(p.float(), alpha=group["weight_decay"])
-                p.add_(update.to(p.dtype), alpha=-group["lr"])
+                key = (p.device, p.dtype, state["step"].item())
+                batches.setdefault(key, []).append((p, state))
+            for (_device, _dtype, t), members in batches.items():
+                self._update([p for p, _ in members], [s for _, s in members], group, b1, b2, t)
+
+    def _update(self, params, states, group, b1, b2, t):
+        grads = [p.grad.float() for p in params]
+        exp_avgs = [s["exp_avg"] for s in states]
+        exp_avg_sqs = [s["exp_avg_sq"] for s in states]
+        m = [e.float() for e in exp_avgs]  # the states themselves when they are fp32
+        v = [e.float() for e in exp_avg_sqs]
+        torch._foreach_lerp_(m, grads, 1 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
+        if self.state_dtype != torch.float32:  # round the new states into their storage
+            torch._foreach_copy_(exp_avgs, m)
+            torch._foreach_copy_(exp_avg_sqs, v)
+        denom = torch._foreach_div(v, 1 - b2**t)
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, group["eps"])
+        update = torch._foreach_div(m, 1 - b1**t)
+        torch._foreach_div_(update, denom)
+        if group["weight_decay"]:
+            torch._foreach_add_(update, [p.float() for p in params], alpha=group["weight_decay"])
+        torch._foreach_add_(params, [u.to(p.dtype) for u, p in zip(update, params)], alpha=-group["lr"])
