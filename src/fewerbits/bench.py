@@ -20,41 +20,17 @@ from __future__ import annotations
 
 import datetime
 import gc
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .benchmark import time_ms
 from .hardware import device_name, resolve_device
 from .recipes import Recipe, get_recipe
 
 PEERS = ("torchao",)
-
-
-def time_ms(fn, iters: int = 10, warmup: int = 3, device: torch.device | None = None) -> float:
-    """Median milliseconds of `fn()` over `iters` runs after `warmup` runs."""
-    if iters < 1 or warmup < 0:
-        raise ValueError("iters must be at least 1 and warmup at least 0")
-    cuda = device is not None and torch.device(device).type == "cuda"
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
 
 
 def header(device: torch.device, what: str) -> str:

@@ -1,22 +1,37 @@
-"""Timing on a GPU the way every benchmark here does it: CUDA events, warm-up, the median."""
+"""Timing the way every benchmark here does it: warm-up, then the median of timed runs (CUDA
+events on a GPU, the wall clock on a CPU)."""
 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
 
-def cuda_time_ms(fn, iters: int = 10, warmup: int = 3) -> float:
-    """Median milliseconds of `fn()` over `iters` runs after `warmup` runs, by CUDA events."""
+def time_ms(fn, iters: int = 10, warmup: int = 3, device: torch.device | str | None = None) -> float:
+    """Median milliseconds of `fn()` over `iters` runs after `warmup` runs."""
+    if iters < 1 or warmup < 0:
+        raise ValueError("iters must be at least 1 and warmup at least 0")
+    cuda = device is not None and torch.device(device).type == "cuda"
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
     return statistics.median(times)
+
+
+def cuda_time_ms(fn, iters: int = 10, warmup: int = 3) -> float:
+    """time_ms on the current CUDA device."""
+    return time_ms(fn, iters, warmup, "cuda")

@@ -176,18 +176,26 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | No
     if X.numel() == 0:
         return codes, scales, s_dec
     rule = "two_level" if scheme.two_level else scheme.scale_rule
-    grid = (triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))
+    _launch(X, noise, codes, scales, scheme, rule, tensor_scales, scales, bc, 0, scale_codes, tile_r, tile_c)
+    return codes, scales, s_dec
+
+
+def _launch(X, noise, codes, scales, scheme: Scheme, rule: str, tensor_scales, amax, bc: int, amax_mode: int,
+            scale_codes: bool, tile_r: int, tile_c: int) -> None:
+    """One launch of the kernel over X (R, C); `tensor_scales` and `amax` are read only by the
+    two-level rule and the amax modes."""
+    R, C = X.shape
+    elem = scheme.elem
     n = noise if noise is not None else X
-    _rowblock_kernel[grid](
+    _rowblock_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))](
         _bits(X), n, codes, scales, R, C, X.stride(0), X.stride(1), n.stride(0), n.stride(1),
         codes.stride(0), scales.stride(0),
-        float(elem.max), _reciprocal_of_max(elem.max), tensor_scales, scales,
+        float(elem.max), _reciprocal_of_max(elem.max), tensor_scales, amax,
         BC=bc, TILE_R=tile_r, TILE_C=tile_c, RULE=RULES[rule],
         KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
-        STOCHASTIC=noise is not None, PACK=2 if pack else 1, SCALE_CODES=scale_codes, AMAX_MODE=0, X_BF16=X.dtype == torch.bfloat16,
-        **format_constants(elem),
+        STOCHASTIC=noise is not None, PACK=2 if elem.bits == 4 else 1, SCALE_CODES=scale_codes,
+        AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, **format_constants(elem),
     )
-    return codes, scales, s_dec
 
 
 def amax_supported(scheme: Scheme) -> bool:
@@ -213,18 +221,7 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | No
         actual = torch.where(torch.isfinite(actual), amax.float().to(X.device).reshape(-1), actual)
     codes = torch.empty(R, (C + 1) // 2 if elem.bits == 4 else C, dtype=torch.uint8, device=X.device)
     scales = torch.empty(R if per_row else 1, 1, dtype=torch.float32, device=X.device)
-    grid = (triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))
-    n = noise if noise is not None else X
     rule = scheme.scale_rule if scheme.pow2 else "amax"
-    _rowblock_kernel[grid](
-        _bits(X), n, codes, scales, R, C, X.stride(0), X.stride(1), n.stride(0), n.stride(1),
-        codes.stride(0), scales.stride(0),
-        float(elem.max), _reciprocal_of_max(elem.max), scales, actual,
-        BC=tile_c, TILE_R=tile_r, TILE_C=tile_c, RULE=RULES[rule],
-        KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
-        STOCHASTIC=noise is not None, PACK=2 if elem.bits == 4 else 1, SCALE_CODES=False,
-        AMAX_MODE=1 if per_row else 2,
-        X_BF16=X.dtype == torch.bfloat16, **format_constants(elem),
-    )
+    _launch(X, noise, codes, scales, scheme, rule, scales, actual, tile_c, 1 if per_row else 2, False, tile_r, tile_c)
     return codes, scales
 
