@@ -142,7 +142,6 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
     return 0, "unknown"
 
 
-@torch.no_grad()
 def set_weight_cache(model: nn.Module, on: bool) -> list:
     """Switch weight reuse (QuantizedLinear.cache_weight) on or off; returns the previous states."""
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
