@@ -3,7 +3,9 @@
 Every recipe starts from the same initial weights (the same seed builds the same fp32 model)
 and sees the same batches in the same order (batches are a function of seed and step) and the
 same validation windows. Each run is a separate process (`fewerbits train`), so tokens/s and
-peak memory belong to that recipe alone; its folder is OUT/<recipe>.
+peak memory belong to that recipe alone — unless `jobs` > 1 trains several at once on one
+device, which the table's header then says; its folder is OUT/<recipe>. With `resume`, runs
+that finished with the same options are kept and the others continue or start.
 
 Outputs: OUT/compare.md (one row per recipe: final validation loss, gap to the first recipe,
 tokens/s, peak memory, skipped steps) and OUT/compare.png (training loss, validation loss, and
