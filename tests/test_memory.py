@@ -79,12 +79,13 @@ def test_activations_are_what_autograd_saves(recipe, preset):
     est = fb.estimate_memory(get_preset(preset, 512), recipe, batch_size=2, seq_len=64)
     measured = sum(saved.values())
     if preset == "tiny-moe":  # the estimate assumes even routing; this router is not even
-        assert est.items["activations"] == pytest.approx(measured, rel=0.1)
+        assert est.activations == pytest.approx(measured, rel=0.1)
     elif recipe == "fp32":  # fp32 attention takes torch's math path on a CPU, which saves more
-        assert est.items["activations"] <= measured
+        assert est.activations <= measured
     else:
-        assert est.items["activations"] == measured
-
+        assert est.activations == measured
+        per_block = sum(est.per_block.values())  # four blocks, then the final norm and the head's input
+        assert 4 * per_block < est.activations < 5 * per_block
 
 def test_a_hugging_face_config_counts_the_same_parameters():
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -113,13 +114,13 @@ def test_sharding_divides_what_it_shards():
         for item in ("master weights (fp32)", "gradients"):
             expect = -(-base.items[item] // 4) if item in sharded else base.items[item]
             assert est.items[item] == expect, (zero, item)
-        assert est.items["activations"] == base.items["activations"]
+        assert est.activations == base.activations
     tp = fb.estimate_memory("125m", "bf16", batch_size=2, seq_len=256, tp=2)
     norms = (2 * 12 + 1) * 768  # RMSNorm weights are replicated
     assert tp.items["master weights (fp32)"] == 4 * ((base.params - norms) // 2 + norms)
-    assert tp.items["activations"] < base.items["activations"]
+    assert tp.activations < base.activations
     ckpt = fb.estimate_memory("125m", "bf16", batch_size=2, seq_len=256, checkpointing="block")
-    assert ckpt.items["activations"] < base.items["activations"] / 4
+    assert ckpt.activations < base.activations / 4
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -141,7 +142,9 @@ def test_memory_cli(tmp_path, capsys):
     assert main(["memory", "--preset", "125m", "--recipes", "fp8_tensorwise", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["params"] > 1e8 and out["total_bytes"] == max(out["phases"].values())
-    assert set(out["items"]) >= {"master weights (fp32)", "gradients", "optimizer states", "activations"}
+    assert set(out["items"]) >= {"master weights (fp32)", "gradients", "optimizer states", "activations, bfloat16",
+                                 "activations, float32", "logits and loss"}
+    assert out["per_block"]["bfloat16"] > 0 and out["per_block"]["float32"] > 0
     png = tmp_path / "m.png"
     assert main(["memory", "--preset", "small", "--recipes", "bf16,nvfp4", "--plot", str(png)]) == 0
     printed = capsys.readouterr().out

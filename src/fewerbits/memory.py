@@ -11,9 +11,10 @@ the trainer's Llama model (a preset, a Hugging Face-style config, or shapes you 
                          when gradients accumulate (QuantizedLinear.cache_weight)
     recipe state         delayed scaling's amax histories (3 × 1024 fp32 per Linear)
     model buffers        the rotary tables
-    activations          what autograd saves for backward, per block, counted from the model's
-                         own operations (below); with per-block checkpointing, each block's
-                         input plus one block's activations
+    activations          what autograd saves for backward, counted from the model's own
+                         operations (below), one item per dtype (the compute dtype, fp32,
+                         int64; `per_block` holds one block's); with per-block checkpointing,
+                         each block's input plus one block's activations
     logits and loss      fp32 logits, log-softmax output and their gradients at the start of
                          backward: 16 bytes per token per vocabulary entry
     optimizer temporaries  the AdamW step's three fp32 temporaries for the largest tensor
@@ -71,6 +72,12 @@ class MemoryEstimate:
     phases: dict[str, int]  #: the two peak candidates → bytes
     total_bytes: int
     settings: dict = field(default_factory=dict)
+    per_block: dict = field(default_factory=dict)  #: one block's saved activations, dtype → bytes
+
+    @property
+    def activations(self) -> int:
+        """All saved activations (the `activations, <dtype>` items together)."""
+        return sum(b for k, b in self.items.items() if k.startswith("activations"))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,6 +88,8 @@ class MemoryEstimate:
                  + ", ".join(f"{k} {v}" for k, v in self.settings.items()), ""]
         for name, b in self.items.items():
             lines.append(f"  {name:<{width}}  {b / GiB:10.3f} GiB  {b / max(self.params, 1):8.2f} B/param")
+        block = ", ".join(f"{b / GiB:.3f} GiB {k}" for k, b in self.per_block.items())
+        lines.append(f"  {'one block saves':<{width}}  {block}")
         for name, b in self.phases.items():
             lines.append(f"  {'at ' + name:<{width}}  {b / GiB:10.3f} GiB")
         lines.append(f"  {'peak per GPU':<{width}}  {self.total_bytes / GiB:10.3f} GiB")
@@ -236,15 +245,20 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
     items["kept weight copies"] = _kept_weights(inv, tp) if grad_accum > 1 else 0
     items["recipe state (amax histories)"] = inv.recipe_state
     items["model buffers"] = inv.buffers
-    items["activations"] = _activations(cfg, recipe, batch_size * seq_len, checkpointing, tp)
+    compute_name = str(recipe.compute_dtype).removeprefix("torch.")
+    for kind, b in _by_dtype(_activations(cfg, recipe, batch_size * seq_len, checkpointing, tp), compute_name).items():
+        items[f"activations, {kind}"] = b
     tokens = batch_size * seq_len
     items["logits and loss"] = 16 * tokens * cfg.vocab_size // tp
     items["optimizer temporaries"] = 3 * 4 * max(local)
 
-    phases = {phase: sum(items.get(k, 0) for k in keys) for phase, keys in PHASE_ITEMS.items()}
+    phases = {phase: sum(b for k, b in items.items() if k in keys or ("activations" in keys and k.startswith("activations")))
+              for phase, keys in PHASE_ITEMS.items()}
+    per_block = {k: v for k, v in _by_dtype(_block_activations(cfg, recipe, batch_size * seq_len, tp),
+                                            compute_name).items() if v}
     settings = dict(batch_size=batch_size, seq_len=seq_len, state_dtype=state_dtype, grad_dtype=grad_dtype,
                     grad_accum=grad_accum, checkpointing=checkpointing, dp=dp, zero=zero, tp=tp)
-    return MemoryEstimate(name, recipe.name, params, items, phases, max(phases.values()), settings)
+    return MemoryEstimate(name, recipe.name, params, items, phases, max(phases.values()), settings, per_block)
 
 
 def _kept_weights(inv: Inventory, tp: int) -> int:
@@ -265,23 +279,48 @@ def _kept_weights(inv: Inventory, tp: int) -> int:
     return total
 
 
-def _activations(cfg: ModelConfig, recipe: Recipe, T: int, checkpointing: str, tp: int) -> int:
+def _by_dtype(parts: dict[str, int], compute_name: str) -> dict[str, int]:
+    """{"compute": …, "float32": …, "int64": …} with the compute dtype named (and merged into
+    float32 when it is float32)."""
+    out: dict[str, int] = {}
+    for kind, b in parts.items():
+        name = compute_name if kind == "compute" else kind
+        out[name] = out.get(name, 0) + b
+    return out
+
+
+def _block_activations(cfg: ModelConfig, recipe: Recipe, T: int, tp: int) -> dict[str, int]:
+    """Bytes one block saves for backward, by dtype ("compute", "float32", "int64")."""
     c = recipe.compute_dtype.itemsize
     d, f, H = cfg.dim, cfg.ffn_dim, cfg.n_heads
-    norm = 8 * T * d + 4 * T
-    attn = c * T * d + (5 * c * T * d + 4 * T * H) // tp  # the input is replicated across TP ranks
+    fp32 = 2 * (8 * T * d + 4 * T)  # the two RMSNorms
+    fp32 += 4 * T * H // tp  # attention's log-sum-exp
+    compute = c * T * d + 5 * c * T * d // tp  # the q/k/v input (replicated over TP), q, k, v, output, o_proj input
+    int64 = 0
     if cfg.n_experts:
         k, E = cfg.top_k, cfg.n_experts
         routed = k * T  # token slots, spread evenly over the experts
-        mlp = c * T * d + 4 * T * E + 12 * T * k + (routed * (2 * c * d + 4 * c * f) + 16 * routed) // tp
+        compute += c * T * d + routed * (2 * c * d + 4 * c * f) // tp  # input; per slot: gathered input,
+        fp32 += 4 * T * E + 4 * T * k  # SwiGLU, output · weight; router probabilities, top-k weights
+        int64 += 8 * T * k + 16 * routed // tp  # top-k indices, each expert's token and slot indices
     else:
-        mlp = c * T * d + 4 * c * T * f // tp
-    block = 2 * norm + attn + mlp
-    if checkpointing == "block":
-        blocks = cfg.n_layers * c * T * d + block  # each block's input, and one block recomputed
+        compute += c * T * d + 4 * c * T * f // tp
+    return {"compute": compute, "float32": fp32, "int64": int64}
+
+
+def _activations(cfg: ModelConfig, recipe: Recipe, T: int, checkpointing: str, tp: int) -> dict[str, int]:
+    """Saved activations of the whole model by dtype (see the module docstring)."""
+    c = recipe.compute_dtype.itemsize
+    block = _block_activations(cfg, recipe, T, tp)
+    if checkpointing == "block":  # each block's input, and one block recomputed
+        total = {k: v for k, v in block.items()}
+        total["compute"] += cfg.n_layers * c * T * cfg.dim
     else:
-        blocks = cfg.n_layers * block
-    return blocks + 8 * T + norm + c * T * d  # token ids, final norm, lm_head's input
+        total = {k: cfg.n_layers * v for k, v in block.items()}
+    total["int64"] += 8 * T  # token ids
+    total["float32"] += 8 * T * cfg.dim + 4 * T  # the final RMSNorm
+    total["compute"] += c * T * cfg.dim  # the output head's input
+    return total
 
 
 # -- the survey's table -------------------------------------------------------------------------
@@ -324,6 +363,8 @@ def comparison_table(estimates: list[MemoryEstimate]) -> str:
              "|---|" + "--:|" * len(estimates)]
     for name in names:
         lines.append(f"| {name} | " + " | ".join(f"{e.items.get(name, 0) / GiB:.3f}" for e in estimates) + " |")
+    lines.append("| one block's activations | " + " | ".join(
+        " + ".join(f"{b / GiB:.3f} {k}" for k, b in e.per_block.items()) for e in estimates) + " |")
     for phase in e0.phases:
         lines.append(f"| at {phase} | " + " | ".join(f"{e.phases[phase] / GiB:.3f}" for e in estimates) + " |")
     lines.append("| **peak** | " + " | ".join(f"**{e.total_bytes / GiB:.3f}**" for e in estimates) + " |")
