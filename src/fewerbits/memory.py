@@ -123,7 +123,10 @@ def model_config(model) -> tuple[str, ModelConfig]:
 
 
 def from_hf_config(c: dict) -> ModelConfig:
-    """A ModelConfig from Hugging Face Llama/Mixtral-style keys (or fewerbits' own)."""
+    """A ModelConfig from Hugging Face Llama/Mixtral-style keys (or fewerbits' own).
+
+    The estimate is for fewerbits' Llama, whose output head is its own matrix: for a config
+    with tied embeddings it counts vocab × hidden parameters more than the original model."""
     def get(*names, default=None):
         for n in names:
             if n in c and c[n] is not None:
