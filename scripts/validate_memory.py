@@ -30,8 +30,9 @@ def main(argv=None):
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--json", default=None)
+    p.add_argument("--device", default="cuda", help="cuda (the check); cpu only runs the cases (its peak is the RSS)")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("validate_memory.py measures CUDA peaks: it needs a GPU")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -41,7 +42,7 @@ def main(argv=None):
                     cfg = TrainConfig(recipe=recipe, preset=preset, steps=args.steps, batch_size=bs,
                                       seq_len=args.seq_len, eval_every=10**6, eval_windows=1, checkpoint_every=0,
                                       out=f"{tmp}/{preset}-{recipe}-{bs}", progress=False, tensorboard=False,
-                                      device="cuda")
+                                      device=args.device)
                     summary = train(cfg)
                     est = fb.estimate_memory(preset, recipe, batch_size=bs, seq_len=args.seq_len)
                     measured = summary["peak_memory_bytes"]
@@ -52,8 +53,10 @@ def main(argv=None):
                     print(f"{preset} {recipe} {bs}: estimate {est.total_bytes / 2**30:.2f} GiB, measured "
                           f"{measured / 2**30:.2f} GiB, ratio {row['ratio']:.3f}", file=sys.stderr, flush=True)
                     gc.collect()
-                    torch.cuda.empty_cache()
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, seq_len {args.seq_len}, "
+                    if args.device == "cuda":
+                        torch.cuda.empty_cache()
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    print(f"{name}, torch {torch.__version__}, seq_len {args.seq_len}, "
           f"{args.steps} steps\n")
     print("| preset | recipe | batch | estimated peak (GiB) | measured peak (GiB) | estimate / measured | peak at |")
     print("|---|---|--:|--:|--:|--:|---|")
