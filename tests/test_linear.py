@@ -371,3 +371,37 @@ def test_cached_weight_is_reused_until_the_weight_changes(monkeypatch):
     delayed(x).sum().backward()
     delayed(x).sum().backward()
     assert weight_preps() == 4
+
+
+@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "mxfp4", "nvfp4", "bf16"])
+def test_linears_reading_one_tensor_share_its_quantization(recipe, monkeypatch):
+    """q/k/v (and gate/up) read one input: it is quantized once for the forward GEMMs and once
+    for the weight-gradient GEMMs, with the same bits as quantizing it per Linear."""
+    import fewerbits.linear as L
+    from fewerbits.models import Llama, get_preset
+    from fewerbits.train.precision import apply_recipe
+
+    calls = []
+    real = L._prepare
+    monkeypatch.setattr(L, "_prepare", lambda t, *a: (calls.append(1), real(t, *a))[1])
+
+    def run(shared: bool):
+        L.share_operands(shared)
+        torch.manual_seed(0)
+        model = Llama(get_preset("tiny", 256))
+        apply_recipe(model, recipe)
+        x = torch.randint(0, 256, (2, 32))
+        calls.clear()
+        torch.manual_seed(1)  # the same stochastic-rounding draws in both runs
+        out = model(x)
+        out.float().sum().backward()
+        return out, [p.grad for p in model.parameters()], len(calls)
+
+    try:
+        out_a, grads_a, n_shared = run(True)
+        out_b, grads_b, n_each = run(False)
+    finally:
+        L.share_operands(True)
+    assert torch.equal(out_a, out_b) and all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
+    layers = 4  # per block: k, v and up reuse the forward input; k, v and up (or q, k and gate) the wgrad one
+    assert n_each - n_shared == layers * 3 * 2

@@ -89,13 +89,50 @@ def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=No
     return kernels.quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax)
 
 
+class _SharedOperands:
+    """The last few activation operands prepared, reused when another Linear asks for the same
+    operand of the same tensor — q_proj, k_proj and v_proj read one input, so do gate_proj and
+    up_proj — instead of quantizing it again (the same bits: same tensor, scheme, axis, rounding
+    to nearest, no amax override). Each entry holds its source tensor, so its storage cannot be
+    freed and reused while the entry lives; a changed version counter is a miss."""
+
+    def __init__(self, size: int = 2):
+        self.size, self.entries, self.enabled = size, [], True
+
+    def prepare(self, t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None):
+        if (not self.enabled or amax is not None or op.rounding != "nearest"
+                or torch.compiler.is_compiling()):
+            return _prepare(t, op, gemm, axis, dtype, amax)
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+               t.dtype, t._version, op.scheme, gemm.hadamard, axis, dtype)
+        for k, _source, prepared in self.entries:
+            if k == key:
+                return prepared
+        prepared = _prepare(t, op, gemm, axis, dtype, amax)
+        self.entries = [(key, t, prepared), *self.entries[: self.size - 1]]
+        return prepared
+
+    def clear(self) -> None:
+        self.entries = []
+
+
+SHARED_OPERANDS = _SharedOperands()
+
+
+def share_operands(on: bool) -> None:
+    """Reuse an activation operand prepared for one Linear in the next Linear that reads the
+    same tensor the same way (on by default; the results are the same bits either way)."""
+    SHARED_OPERANDS.enabled = bool(on)
+    SHARED_OPERANDS.clear()
+
+
 def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native) -> torch.Tensor:
     """A · Bᵀ for prepared operands (quantized, or high-precision matrices)."""
     if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor):
         return scaled_matmul(a, b, out_dtype=out_dtype, native=native)
     dtype = recipe.compute_dtype
-    A = a.dequantize_matrix(dtype) if isinstance(a, QuantizedTensor) else a
-    B = b.dequantize_matrix(dtype) if isinstance(b, QuantizedTensor) else b
+    A = kernels.dequantize_matrix(a, dtype) if isinstance(a, QuantizedTensor) else a
+    B = kernels.dequantize_matrix(b, dtype) if isinstance(b, QuantizedTensor) else b
     if dtype == torch.float32:
         with full_fp32():
             return (A @ B.t()).to(out_dtype)
@@ -146,7 +183,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
 
         # ---- fprop: output = input @ weight_t ------------------------- (M, K) · (N, K)ᵀ
         fp = recipe.fprop
-        a = _prepare(x2, fp.a, fp, 1, dt, amax_in)
+        a = SHARED_OPERANDS.prepare(x2, fp.a, fp, 1, dt, amax_in)
         if recipe.weight_qat is not None:  # Q(W) is a new tensor each call: nothing to reuse
             b = _prepare(weight, fp.b, fp, 1, dt, amax_w)
         else:
@@ -199,7 +236,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
                 data, scale, tensor_scale = ctx.saved_tensors[1:]
                 b = replace(ctx.input_t, data=data, scale=scale, tensor_scale=tensor_scale)
             else:
-                b = _prepare(ctx.saved_tensors[1], wg.b, wg, 0, dt, ctx.amax_in)
+                b = SHARED_OPERANDS.prepare(ctx.saved_tensors[1], wg.b, wg, 0, dt, ctx.amax_in)
             grad_weight = _matmul(a, b, weight.dtype, recipe, cfg.native)
 
         if state is not None:
