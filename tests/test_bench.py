@@ -5,7 +5,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 from fewerbits import bench
 from fewerbits.cli import main

@@ -116,7 +116,8 @@ def test_sharding_divides_what_it_shards():
             assert est.items[item] == expect, (zero, item)
         assert est.activations == base.activations
     tp = fb.estimate_memory("125m", "bf16", batch_size=2, seq_len=256, tp=2)
-    norms = (2 * 12 + 1) * 768  # RMSNorm weights are replicated
+    cfg = get_preset("125m")
+    norms = (2 * cfg.n_layers + 1) * cfg.dim  # RMSNorm weights are replicated
     assert tp.items["master weights (fp32)"] == 4 * ((base.params - norms) // 2 + norms)
     assert tp.activations < base.activations
     ckpt = fb.estimate_memory("125m", "bf16", batch_size=2, seq_len=256, checkpointing="block")

@@ -132,36 +132,40 @@ def gemm_paths(recipe: Recipe, m: int, k: int, n: int, device) -> str:
 
 def bench_linear(shapes, recipes, *, device="auto", iters: int = 10, warmup: int = 3) -> list[dict]:
     """Forward + backward of one Linear (M×K input, N outputs) per recipe vs nn.Linear in bf16."""
-    from .linear import QuantizedLinear
-
     device = resolve_device(device)
     recipes = _recipes(recipes)
     rows = []
     for m, k, n in shapes:
         if min(m, k, n) < 1:
             raise ValueError(f"shape {m}x{k}x{n}: every size must be at least 1")
-        torch.manual_seed(0)
-        x = torch.randn(m, k, device=device, dtype=torch.bfloat16, requires_grad=True)
-        g = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+        rows += _bench_linear_shape(m, k, n, recipes, device, iters, warmup)
+        _free(device)  # this shape's tensors went with the call
+    return rows
 
-        def step(layer):
-            x.grad = None
-            for p in layer.parameters():
-                p.grad = None
-            layer(x).backward(g)
 
-        base = nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16)
-        t_base = time_ms(lambda: step(base), iters, warmup, device)
-        rows.append({"shape": f"{m}x{k}x{n}", "recipe": "nn.Linear (bf16)", "path": "bf16 GEMMs", "ms": t_base,
-                     "vs_bf16": 1.0})
-        master = nn.Linear(k, n, bias=False, device=device)  # fp32 master weights, as in training
-        for recipe in recipes:
-            layer = QuantizedLinear.from_linear(master, recipe)
-            ms = time_ms(lambda: step(layer), iters, warmup, device)
-            rows.append({"shape": f"{m}x{k}x{n}", "recipe": recipe.name, "path": gemm_paths(recipe, m, k, n, device),
-                         "ms": ms, "vs_bf16": ms / t_base})
-        del x, g, base, master
-        _free(device)
+def _bench_linear_shape(m: int, k: int, n: int, recipes, device, iters: int, warmup: int) -> list[dict]:
+    from .linear import QuantizedLinear
+
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+
+    def step(layer):
+        x.grad = None
+        for p in layer.parameters():
+            p.grad = None
+        layer(x).backward(g)
+
+    shape = f"{m}x{k}x{n}"
+    base = nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16)
+    t_base = time_ms(lambda: step(base), iters, warmup, device)
+    rows = [{"shape": shape, "recipe": "nn.Linear (bf16)", "path": "bf16 GEMMs", "ms": t_base, "vs_bf16": 1.0}]
+    master = nn.Linear(k, n, bias=False, device=device)  # fp32 master weights, as in training
+    for recipe in recipes:
+        layer = QuantizedLinear.from_linear(master, recipe)
+        ms = time_ms(lambda: step(layer), iters, warmup, device)
+        rows.append({"shape": shape, "recipe": recipe.name, "path": gemm_paths(recipe, m, k, n, device),
+                     "ms": ms, "vs_bf16": ms / t_base})
     return rows
 
 

@@ -11,7 +11,7 @@ import sys
 import torch
 
 from . import __version__
-from .formats import FORMATS, FloatFormat
+from .formats import FORMATS
 from .hardware import device_name, native_matmul, resolve_device
 
 

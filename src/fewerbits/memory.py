@@ -58,7 +58,6 @@ PHASE_ITEMS = {  # what is alive at each peak candidate
     "start of backward": RESIDENT + ("activations", "logits and loss"),
     "optimizer step": RESIDENT + ("gradients", "optimizer temporaries"),
 }
-AMAX_HISTORY = 1024
 
 
 @dataclass(frozen=True)
