@@ -247,8 +247,9 @@ def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> floa
 
     def step():
         with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
-            logits = step_model(x)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+            logits = step_model(x).float().flatten(0, -2)
+        loss = F.cross_entropy(logits, y.reshape(-1))
+        del logits  # as the trainer: no name holds the logits through backward
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()

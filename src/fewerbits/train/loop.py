@@ -258,16 +258,17 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
             loss_value = 0.0
             for micro in range(cfg.grad_accum):
                 x, y = (t.to(device) for t in batch(data.train, cfg.batch_size, cfg.seq_len, cfg.seed, step, micro))
-                logits = step_model(x).float()
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+                # the logits have no name here: once the loss is computed, only what its
+                # backward saves stays alive (a name would hold the fp32 logits through it)
+                loss = F.cross_entropy(step_model(x).float().flatten(0, -2), y.reshape(-1))
                 aux = model.aux_loss()
                 total = loss + cfg.moe_aux_coef * aux if aux is not None else loss
                 (total * (scaler.scale / cfg.grad_accum)).backward()
                 loss_value += loss.item() / cfg.grad_accum
 
-            grads = [p.grad for p in params if p.grad is not None]
-            if scaler.scale != 1.0:
-                torch._foreach_mul_(grads, 1.0 / scaler.scale)
+            if scaler.scale != 1.0:  # (no list of the gradients outlives this line: it
+                # would keep them alive through the next step's forward and backward)
+                torch._foreach_mul_([p.grad for p in params if p.grad is not None], 1.0 / scaler.scale)
             clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
             grad_norm = torch.nn.utils.clip_grad_norm_(params, clip).item()
             found_inf = not (math.isfinite(grad_norm) and math.isfinite(loss_value))
