@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .. import kernels
+
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
@@ -25,18 +27,38 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 class AdamW(torch.optim.Optimizer):
+    """fused: None (default) updates each fp32 parameter in one Triton kernel where the kernel
+    backend says so (CUDA tensors), with torch's multi-tensor ops elsewhere; True insists on
+    the kernel, False never uses it. Both run the formula above in the same order."""
+
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                 state_dtype: torch.dtype = torch.float32):
+                 state_dtype: torch.dtype = torch.float32, fused: bool | None = None):
         if state_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError("state_dtype must be torch.float32 or torch.bfloat16")
+        if fused not in (None, True, False):
+            raise ValueError(f"fused must be None, True or False, not {fused!r}")
+        if fused and not kernels.triton_available():
+            raise RuntimeError("AdamW(fused=True) needs the triton package (pip install triton)")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.state_dtype = state_dtype
+        self.fused = fused
+
+    def _fused_for(self, p: torch.Tensor) -> bool:
+        if self.fused is False:
+            return False
+        from ..kernels import adamw
+
+        if self.fused and not adamw.supported(p, self.state_dtype):
+            raise ValueError(f"AdamW(fused=True) updates contiguous fp32 parameters with fp32 gradients; "
+                             f"got a {p.dtype} parameter with a {p.grad.dtype} gradient")
+        return (self.fused or kernels.uses_triton(p)) and adamw.supported(p, self.state_dtype)
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One update of every parameter with a gradient. Parameters of a group that share a
-        device, dtype and step count are updated together with torch's multi-tensor ops; the
-        arithmetic per element is the single-tensor formula's, in the same order."""
+        """One update of every parameter with a gradient: by the fused kernel (see the class),
+        or with torch's multi-tensor ops for the parameters of a group that share a device,
+        dtype and step count. The arithmetic per element is the single-tensor formula's, in
+        the same order."""
         for group in self.param_groups:
             b1, b2 = group["betas"]
             batches: dict = {}
@@ -49,6 +71,12 @@ class AdamW(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype)
                     state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype)
                 state["step"] += 1
+                if self._fused_for(p):
+                    from ..kernels.adamw import adamw_step
+
+                    adamw_step(p, state["exp_avg"], state["exp_avg_sq"], lr=group["lr"], beta1=b1, beta2=b2,
+                               eps=group["eps"], weight_decay=group["weight_decay"], step=state["step"].item())
+                    continue
                 key = (p.device, p.dtype, state["step"].item())
                 batches.setdefault(key, []).append((p, state))
             for (_device, _dtype, t), members in batches.items():

@@ -1,0 +1,74 @@
+"""AdamW's update of one fp32 parameter in one pass: read p, g, m, v once, write p, m, v once.
+
+The multi-tensor path (train/optim.py) makes about ten passes over every parameter-sized list
+and two fp32 temporaries as large as the parameters; this kernel makes one and none. The
+arithmetic per element is the optimizer's formula in its order, each operation rounded once
+(fp fusion off, IEEE division and square root):
+
+    m ← lerp(m, g, 1 − β1)            torch's lerp: m + w·(g − m) for w < ½, else g − (g − m)·(1 − w)
+    v ← v·β2 + (1 − β2)·g·g
+    m, v stored (rounded to nearest when the states are bf16; the update uses the fp32 values)
+    u ← (m / (1 − β1ᵗ)) / (√(v / (1 − β2ᵗ)) + ε)  (+ wd·p)
+    p ← p + (−lr)·u
+
+The parameter and its gradient are fp32; the states fp32 or bf16.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 2048
+
+
+@triton.jit
+def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n, lr, w1, b2, w2, eps, wd, bc1, bc2,
+                  BLOCK: tl.constexpr, STATE_BF16: tl.constexpr, DECAY: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if w1 < 0.5:  # torch's lerp, both branches as it writes them
+        m = m + w1 * (g - m)
+    else:
+        m = g - (g - m) * (1.0 - w1)
+    v = v * b2
+    v = v + w2 * g * g
+    if STATE_BF16:
+        tl.store(m_ptr + offs, m.to(tl.bfloat16), mask=mask)
+        tl.store(v_ptr + offs, v.to(tl.bfloat16), mask=mask)
+    else:
+        tl.store(m_ptr + offs, m, mask=mask)
+        tl.store(v_ptr + offs, v, mask=mask)
+    denom = tl.sqrt_rn(tl.div_rn(v, bc2)) + eps
+    u = tl.div_rn(tl.div_rn(m, bc1), denom)
+    if DECAY:
+        u = u + wd * p
+    tl.store(p_ptr + offs, p + (-lr) * u, mask=mask)
+
+
+def supported(p: torch.Tensor, state_dtype: torch.dtype) -> bool:
+    """A contiguous fp32 parameter with a contiguous fp32 gradient."""
+    g = p.grad
+    return (p.dtype == torch.float32 and p.is_contiguous() and g is not None and g.is_contiguous()
+            and g.dtype == torch.float32 and g.device == p.device
+            and state_dtype in (torch.float32, torch.bfloat16))
+
+
+def adamw_step(p: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, lr: float,
+               beta1: float, beta2: float, eps: float, weight_decay: float, step: int) -> None:
+    """One AdamW update of `p` (in place, with its `.grad`), the states updated in place."""
+    n = p.numel()
+    if n == 0:
+        return
+    # the scalars as the multi-tensor ops receive them: computed in double, used in fp32
+    _adamw_kernel[(triton.cdiv(n, BLOCK),)](
+        p, p.grad, exp_avg, exp_avg_sq, n, lr, 1 - beta1, beta2, 1 - beta2, eps, weight_decay,
+        1 - beta1**step, 1 - beta2**step,
+        BLOCK=BLOCK, STATE_BF16=exp_avg.dtype == torch.bfloat16, DECAY=weight_decay != 0,
+        enable_fp_fusion=False,
+    )
