@@ -456,3 +456,91 @@ def test_adamw_equals_the_single_tensor_formula_bit_for_bit(state_dtype):
         for a, b in zip(ours, ref):
             assert torch.equal(a, b)
     assert opt.state[ours[1]]["step"].item() == 5 and opt.state[ours[0]]["step"].item() == 6
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_fused_adamw_kernel_follows_the_formula(state_dtype):
+    """The one-pass Triton update (compiled on a GPU, interpreted on a CPU) against the
+    single-tensor formula, over steps whose gradients span seven orders of magnitude, a
+    parameter that skips a step, and a group without weight decay."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    shapes = [(33, 17), (4099,), (5, 3, 2), (1,)]  # 4099: more than one program, a ragged end
+    ours = [torch.randn(s, device=device, requires_grad=True) for s in shapes]
+    ref = [p.detach().clone().requires_grad_() for p in ours]
+    opt = fb.train.optim.AdamW([{"params": ours[:2], "weight_decay": 0.1}, {"params": ours[2:], "weight_decay": 0.0}],
+                               lr=3e-3, state_dtype=state_dtype, fused=True)
+    states = [{} for _ in ref]
+    for step in range(6):
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            if step == 2 and i == 1:
+                a.grad = b.grad = None
+                continue
+            g = torch.randn(a.shape, device=device) * 10 ** (step - 3)
+            a.grad, b.grad = g.clone(), g.clone()
+        opt.step()
+        live = [i for i, b in enumerate(ref) if b.grad is not None]
+        for wd, idx in ((0.1, [0, 1]), (0.0, [2, 3])):
+            use = [i for i in idx if i in live]
+            _adamw_reference([ref[i] for i in use], [states[i] for i in use], 3e-3, 0.9, 0.95, 1e-8, wd, state_dtype)
+        # every operation rounded once, as in the formula; CPU and GPU torch contract some into
+        # fused multiply-adds, so the states may differ in their last bit, and the parameters by
+        # a few ulps of themselves or of the step lr·u. bf16 states: a last-bit difference can
+        # round a state the other way, a 2⁻⁸ change of the update (≤ lr·2⁻⁸ per step).
+        atol = 3e-3 * (2**-18 if state_dtype == torch.float32 else 2**-5)
+        for a, b in zip(ours, ref):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            torch.testing.assert_close(a, b, rtol=2**-21, atol=atol)
+        for i, s in enumerate(states):
+            if s:  # the stored states: the same dtype, equal up to the last bits of the
+                # largest (m + w·(g − m) cancels, so a small m can differ more in relative terms)
+                st = opt.state[ours[i]]
+                assert st["exp_avg"].dtype == st["exp_avg_sq"].dtype == state_dtype
+                ulps = 2**-6 if state_dtype == torch.bfloat16 else 2**-20
+                for ours_s, ref_s in ((st["exp_avg"], s["m"]), (st["exp_avg_sq"], s["v"])):
+                    torch.testing.assert_close(ours_s.float(), ref_s.float(), rtol=0,
+                                               atol=ulps * ref_s.float().abs().max().item())
+    assert opt.state[ours[1]]["step"].item() == 5
+
+
+def test_fused_adamw_refuses_what_it_cannot_update():
+    p = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.float64))
+    p.grad = torch.randn(4, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="fp32 parameters"):
+        fb.train.optim.AdamW([p], fused=True).step()
+    with pytest.raises(ValueError, match="fused must be"):
+        fb.train.optim.AdamW([p], fused="yes")
+
+
+def test_a_step_frees_its_gradients_and_logits(corpus, cache, tmp_path, monkeypatch):
+    """What a step leaves behind costs memory in the next one: no gradient of step k is alive
+    in the forward of step k + 1, and no fp32 logits are alive once backward starts."""
+    import weakref
+
+    from fewerbits.train.optim import AdamW
+
+    grads, alive_grads, logits_freed = [], [], []
+    real_step, real_forward, real_ce = AdamW.step, Llama.forward, F.cross_entropy
+
+    def step(self, closure=None):
+        grads[:] = [weakref.ref(p.grad) for g in self.param_groups for p in g["params"] if p.grad is not None]
+        return real_step(self, closure)
+
+    def forward(self, tokens):
+        if torch.is_grad_enabled():
+            alive_grads.append(sum(r() is not None for r in grads))
+        return real_forward(self, tokens)
+
+    def cross_entropy(input, target, **kw):
+        loss = real_ce(input, target, **kw)
+        if loss.requires_grad:
+            refs = [weakref.ref(input)] + ([weakref.ref(input._base)] if input._base is not None else [])
+            loss.register_hook(lambda g: logits_freed.append(all(r() is None for r in refs)))
+        return loss
+
+    monkeypatch.setattr(AdamW, "step", step)
+    monkeypatch.setattr(Llama, "forward", forward)
+    monkeypatch.setattr(F, "cross_entropy", cross_entropy)
+    train(config(corpus, cache, tmp_path, steps=3, eval_every=3, checkpoint_every=0))
+    assert len(alive_grads) == 3 and len(grads) > 10 and alive_grads == [0, 0, 0]
+    assert logits_freed == [True, True, True]
