@@ -261,6 +261,7 @@ def cmd_memory(args) -> int:
             model, r, batch_size=args.batch_size, seq_len=args.seq_len, state_dtype=args.state_dtype,
             grad_dtype=args.grad_dtype, fp32_grad_accumulation=args.fp32_grad_accumulation,
             grad_accum=args.grad_accum, checkpointing=args.checkpointing, dp=args.dp, zero=args.zero, tp=args.tp,
+            fused_adamw=args.adamw == "fused",
         )
         for r in recipes
     ]
@@ -354,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp", type=int, default=1, help="data-parallel size")
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over --dp (3 = FSDP full sharding)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--adamw", choices=["fused", "multi-tensor"], default="fused",
+                   help="the optimizer's update: one kernel per parameter (GPU default) or multi-tensor ops (CPU)")
     p.add_argument("--json", action="store_true", help="print JSON: params, total_bytes, items (bytes)")
     p.add_argument("--plot", default=None, help="write a stacked bar per recipe to this PNG")
     p.add_argument("--survey", action="store_true", help="the survey's 70B table next to the full accounting")

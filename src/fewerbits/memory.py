@@ -15,9 +15,10 @@ the trainer's Llama model (a preset, a Hugging Face-style config, or shapes you 
                          operations (below), one item per dtype (the compute dtype, fp32,
                          int64; `per_block` holds one block's); with per-block checkpointing,
                          each block's input plus one block's activations
-    logits and loss      fp32 logits, log-softmax output and their gradients at the start of
-                         backward: 16 bytes per token per vocabulary entry
-    optimizer temporaries  the AdamW step's three fp32 temporaries for the largest tensor
+    logits and loss      at the start of backward, the log-softmax output and the two fp32
+                         gradients made from it: 12 bytes per token per vocabulary entry
+    optimizer temporaries  none with the fused AdamW kernel (GPU); with the multi-tensor
+                         path (CPU), two fp32 temporaries per parameter of the largest group
 
 The peak is the larger of two moments: the start of backward (weights, states, activations,
 logits) and the optimizer step (weights, gradients, states, temporaries). Everything but the
@@ -175,7 +176,7 @@ COLUMN_SPLIT = ("embed_tokens", "q_proj", "k_proj", "v_proj", "gate_proj", "up_p
 class Inventory:
     """What the trainer's model holds under a recipe, read off the model built on the meta device."""
 
-    params: list  #: (name, numel, split by tensor parallelism)
+    params: list  #: (name, numel, split by tensor parallelism, index of its AdamW parameter group)
     buffers: int  #: bytes of the model's own buffers (rotary tables)
     recipe_state: int  #: bytes of the recipe's buffers (delayed scaling's amax histories)
     linears: list  #: (name, in_features, out_features, the recipe the layer runs)
@@ -191,7 +192,10 @@ def inventory(cfg: ModelConfig, recipe: Recipe) -> Inventory:
     with torch.device("meta"):
         model = Llama(cfg)
     apply_recipe(model, recipe)
-    params = [(n, p.numel(), n.split(".")[-2] in TP_SPLIT) for n, p in model.named_parameters()]
+    from .train.optim import param_groups
+
+    group_of = {id(p): i for i, g in enumerate(param_groups(model, 0.1)) for p in g["params"]}
+    params = [(n, p.numel(), n.split(".")[-2] in TP_SPLIT, group_of[id(p)]) for n, p in model.named_parameters()]
     state = sum(b.nbytes for n, b in model.named_buffers() if ".delayed_scaling." in n)
     buffers = sum(b.nbytes for n, b in model.named_buffers() if ".delayed_scaling." not in n)
     linears = [(n, m.in_features, m.out_features, m.recipe) for n, m in model.named_modules()
@@ -205,10 +209,12 @@ def inventory(cfg: ModelConfig, recipe: Recipe) -> Inventory:
 def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size: int = 8, seq_len: int = 1024,
                     state_dtype: str = "float32", grad_dtype: str = "float32", fp32_grad_accumulation: bool = False,
                     grad_accum: int = 1, checkpointing: str = "none", dp: int = 1, zero: int = 0,
-                    tp: int = 1) -> MemoryEstimate:
+                    tp: int = 1, fused_adamw: bool = True) -> MemoryEstimate:
     """Itemised bytes per GPU of training `model` under `recipe` (see the module docstring).
 
-    batch_size is the micro-batch per GPU; zero is the ZeRO stage (3 = FSDP full sharding).
+    batch_size is the micro-batch per GPU; zero is the ZeRO stage (3 = FSDP full sharding);
+    fused_adamw: the optimizer's one-kernel update (its default on a GPU) rather than its
+    multi-tensor path (CPU), which allocates two fp32 temporaries per parameter of a group.
     """
     name, cfg = model_config(model)
     recipe = get_recipe(recipe)
@@ -233,8 +239,8 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
             raise ValueError(f"{what} = {size} is not divisible by the tensor-parallel size {tp}")
 
     inv = inventory(cfg, recipe)
-    params = sum(n for _, n, _ in inv.params)
-    local = [n // tp if split else n for _, n, split in inv.params]  # this GPU's share under TP
+    params = sum(p[1] for p in inv.params)
+    local = [n // tp if split else n for _, n, split, _ in inv.params]  # this GPU's share under TP
     p_local = sum(local)
     shard = lambda b, stage: math.ceil(b / dp) if zero >= stage else b  # noqa: E731
 
@@ -251,15 +257,22 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
     for kind, b in _by_dtype(_activations(cfg, recipe, batch_size * seq_len, checkpointing, tp), compute_name).items():
         items[f"activations, {kind}"] = b
     tokens = batch_size * seq_len
-    items["logits and loss"] = 16 * tokens * cfg.vocab_size // tp
-    items["optimizer temporaries"] = 3 * 4 * max(local)
+    items["logits and loss"] = 12 * tokens * cfg.vocab_size // tp
+    if fused_adamw:  # one kernel per parameter, in place
+        items["optimizer temporaries"] = 0
+    else:  # two fp32 lists as large as the largest parameter group (this GPU's shard of it)
+        groups: dict[int, int] = {}
+        for (_, _, _, g), n in zip(inv.params, local):
+            groups[g] = groups.get(g, 0) + n
+        items["optimizer temporaries"] = shard(8 * max(groups.values()), 1)
 
     phases = {phase: sum(b for k, b in items.items() if k in keys or ("activations" in keys and k.startswith("activations")))
               for phase, keys in PHASE_ITEMS.items()}
     per_block = {k: v for k, v in _by_dtype(_block_activations(cfg, recipe, batch_size * seq_len, tp),
                                             compute_name).items() if v}
     settings = dict(batch_size=batch_size, seq_len=seq_len, state_dtype=state_dtype, grad_dtype=grad_dtype,
-                    grad_accum=grad_accum, checkpointing=checkpointing, dp=dp, zero=zero, tp=tp)
+                    grad_accum=grad_accum, checkpointing=checkpointing, dp=dp, zero=zero, tp=tp,
+                    fused_adamw=fused_adamw)
     return MemoryEstimate(name, recipe.name, params, items, phases, max(phases.values()), settings, per_block)
 
 
