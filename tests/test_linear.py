@@ -404,4 +404,43 @@ def test_linears_reading_one_tensor_share_its_quantization(recipe, monkeypatch):
         L.share_operands(True)
     assert torch.equal(out_a, out_b) and all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
     layers = 4  # per block: k, v and up reuse the forward input; k, v and up (or q, k and gate) the wgrad one
-    assert n_each - n_shared == layers * 3 * 2
+    # (per-tensor FP8 makes its wgrad input operand by transposing the forward codes either way)
+    assert n_each - n_shared == layers * 3 * (1 if recipe == "fp8_tensorwise" else 2)
+
+
+@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_delayed"])
+def test_per_tensor_codes_are_transposed_not_quantized_again(recipe, monkeypatch):
+    """One scale per tensor: the weight-gradient GEMM's operands are the input-gradient and
+    forward GEMMs' codes transposed — the same bits as quantizing column-wise, fewer passes,
+    and the layer saves its input's FP8 codes (one byte per element) instead of the input."""
+    import fewerbits.linear as L
+    from fewerbits.models import Llama, get_preset
+    from fewerbits.train.precision import apply_recipe
+
+    calls = []
+    real = L._prepare
+    monkeypatch.setattr(L, "_prepare", lambda t, *a: (calls.append(1), real(t, *a))[1])
+
+    def run():
+        torch.manual_seed(0)
+        model = Llama(get_preset("tiny", 256))
+        apply_recipe(model, recipe)
+        x = torch.randint(0, 256, (2, 32))
+        calls.clear()
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: (saved.append(t.dtype), t)[1], lambda t: t):
+            out = model(x)
+        out.float().sum().backward()
+        return out, [p.grad for p in model.parameters()], model.state_dict(), len(calls), saved
+
+    out_a, grads_a, state_a, n_a, saved_a = run()
+    monkeypatch.setattr(L, "_transposable", lambda *a: False)
+    out_b, grads_b, state_b, n_b, saved_b = run()
+    assert torch.equal(out_a, out_b) and all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
+    assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)  # amax histories too
+    # per block: grad_output is not quantized again in 7 Linears, nor the input: in 4 places
+    # under tensorwise scaling (q/k/v and gate/up share their column-wise input either way), in
+    # 7 under delayed scaling (an amax override is never shared)
+    linears = 4 * 7
+    assert n_b - n_a == 4 * (7 + (4 if recipe == "fp8_tensorwise" else 7))
+    assert saved_a.count(torch.uint8) == saved_b.count(torch.uint8) + linears

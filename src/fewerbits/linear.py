@@ -17,10 +17,17 @@ in high precision; `grad_weight` is produced in the weight's dtype (fp32 master 
 `grad_input` and the output in the input's (like nn.Linear; a model whose activations are
 bf16 gets bf16 out, an fp32 model fp32, whatever the GEMMs ran in).
 
+One scale per tensor (FP8 tensorwise and delayed scaling), rounding to nearest, no Hadamard
+transform: a tensor's codes then do not depend on the axis it is quantized along, so a
+column-wise copy is the row-wise codes transposed (a copy of one byte per element), not a second
+amax and cast. The weight-gradient GEMM takes grad_output's codes from the input-gradient GEMM
+that way, and the input's from the forward GEMM, whose codes are what the layer saves.
+
 What is saved for backward: the weight (the parameter itself, no copy; with weight QAT, its
-fake-quantized copy, which is what dgrad multiplies by) and the input as it arrived — or, with
-`save_quantized_input=True`, only the input's column-wise quantized copy for the weight-gradient
-GEMM, which is what that GEMM needs and all it needs.
+fake-quantized copy, which is what dgrad multiplies by) and the input — its forward codes where
+they serve the weight-gradient GEMM as above (one byte per element instead of two), else as it
+arrived, or, with `save_quantized_input=True`, only its column-wise quantized copy for the
+weight-gradient GEMM, which is what that GEMM needs and all it needs.
 
 Delayed scaling (`fp8_delayed`) keeps, per tensor role (input, weight, grad_output), an amax
 history and the amax the next quantization uses, as buffers: they are saved and restored with
@@ -89,6 +96,20 @@ def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=No
     return kernels.quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax)
 
 
+def _transposable(p: Operand, p_gemm: Gemm, q: Operand, q_gemm: Gemm) -> bool:
+    """Whether operand q (column-wise) is operand p's codes transposed: one fp32 scale for the
+    whole tensor, 8-bit codes, the same scheme, rounding to nearest, no Hadamard transform on
+    either GEMM (and, the callers' part, the same amax override)."""
+    s = p.scheme
+    return (s is not None and s == q.scheme and s.block == (-1, -1) and not s.two_level and s.elem.bits == 8
+            and p.rounding == q.rounding == "nearest" and p_gemm.hadamard is None and q_gemm.hadamard is None)
+
+
+def _transpose(q: QuantizedTensor) -> QuantizedTensor:
+    """A one-scale 2-D QuantizedTensor quantized along its other axis: the codes transposed."""
+    return replace(q, data=q.data.t().contiguous(), axis=1 - q.axis)
+
+
 class _SharedOperands:
     """The last few activation operands prepared, reused when another Linear asks for the same
     operand of the same tensor — q_proj, k_proj and v_proj read one input, so do gate_proj and
@@ -110,6 +131,19 @@ class _SharedOperands:
                 return prepared
         prepared = _prepare(t, op, gemm, axis, dtype, amax)
         self.entries = [(key, t, prepared), *self.entries[: self.size - 1]]
+        return prepared
+
+    def transposed(self, q: QuantizedTensor) -> QuantizedTensor:
+        """_transpose(q), made once for the Linears that saved the same codes."""
+        if not self.enabled or torch.compiler.is_compiling():
+            return _transpose(q)
+        d = q.data
+        key = ("transposed", d.untyped_storage().data_ptr(), d.storage_offset(), tuple(d.shape), d._version)
+        for k, _source, prepared in self.entries:
+            if k == key:
+                return prepared
+        prepared = _transpose(q)
+        self.entries = [(key, d, prepared), *self.entries[: self.size - 1]]
         return prepared
 
     def clear(self) -> None:
@@ -197,12 +231,15 @@ class _QuantizedLinearFn(torch.autograd.Function):
 
         # save what the backward GEMMs need, and nothing else
         wg = recipe.wgrad
-        if cfg.save_quantized_input and wg.b.scheme is not None:
+        ctx.input_q = ctx.input_t = None
+        if isinstance(a, QuantizedTensor) and _transposable(fp.a, fp, wg.b, wg):
+            ctx.input_q = replace(a, data=None, scale=None)  # wgrad transposes these codes
+            ctx.save_for_backward(weight, a.data, a.scale)
+        elif cfg.save_quantized_input and wg.b.scheme is not None:
             input_t = _prepare(x2, wg.b, wg, 0, dt, amax_in)  # (K, M), along tokens
             ctx.input_t = replace(input_t, data=None, scale=None, tensor_scale=None)
             ctx.save_for_backward(weight, input_t.data, input_t.scale, input_t.tensor_scale)
         else:
-            ctx.input_t = None
             ctx.save_for_backward(weight, x2)  # as given (a converted model's activations are
             # already in the compute dtype)
         ctx.cfg, ctx.amax_in, ctx.amax_w = cfg, amax_in, amax_w
@@ -217,11 +254,12 @@ class _QuantizedLinearFn(torch.autograd.Function):
         g2 = grad_out.reshape(-1, grad_out.shape[-1])  # (M, N)
         amax_g = state.amax_for("grad_output") if state is not None else None
         grad_input = grad_weight = grad_bias = None
+        g_rows = None  # grad_output's row-wise operand, when dgrad makes one
 
         # ---- dgrad: grad_input = grad_output @ weight ------------------ (M, N) · (K, N)ᵀ
         if ctx.needs_input_grad[0]:
             dg = recipe.dgrad
-            a = _prepare(g2, dg.a, dg, 1, dt, amax_g)
+            a = g_rows = _prepare(g2, dg.a, dg, 1, dt, amax_g)
             if recipe.weight_qat is not None:  # column-wise: along N
                 b = _prepare(weight, dg.b, dg, 0, dt, ctx.amax_w)
             else:
@@ -230,9 +268,15 @@ class _QuantizedLinearFn(torch.autograd.Function):
 
         # ---- wgrad: grad_weight = grad_output_t @ input ---------------- (N, M) · (K, M)ᵀ
         if ctx.needs_input_grad[1]:
-            wg = recipe.wgrad
-            a = _prepare(g2, wg.a, wg, 0, dt, amax_g)  # column-wise: along tokens
-            if ctx.input_t is not None:  # saved quantized: put its tensors back
+            wg, dg = recipe.wgrad, recipe.dgrad
+            if isinstance(g_rows, QuantizedTensor) and _transposable(dg.a, dg, wg.a, wg):
+                a = _transpose(g_rows)  # the same codes, column-wise
+            else:
+                a = _prepare(g2, wg.a, wg, 0, dt, amax_g)  # column-wise: along tokens
+            if ctx.input_q is not None:  # the forward's codes, transposed
+                data, scale = ctx.saved_tensors[1:]
+                b = SHARED_OPERANDS.transposed(replace(ctx.input_q, data=data, scale=scale))
+            elif ctx.input_t is not None:  # saved quantized: put its tensors back
                 data, scale, tensor_scale = ctx.saved_tensors[1:]
                 b = replace(ctx.input_t, data=data, scale=scale, tensor_scale=tensor_scale)
             else:
