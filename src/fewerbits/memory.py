@@ -304,23 +304,41 @@ def _by_dtype(parts: dict[str, int], compute_name: str) -> dict[str, int]:
     return out
 
 
+def _saves_codes(recipe: Recipe) -> bool:
+    """Whether the recipe's Linears save their input's forward codes (one byte per element and
+    one fp32 scale) rather than the input itself (linear.py: per-tensor FP8)."""
+    from .linear import _transposable
+
+    fp, wg = recipe.fprop, recipe.wgrad
+    return _transposable(fp.a, fp, wg.b, wg)
+
+
 def _block_activations(cfg: ModelConfig, recipe: Recipe, T: int, tp: int) -> dict[str, int]:
-    """Bytes one block saves for backward, by dtype ("compute", "float32", "int64")."""
+    """Bytes one block saves for backward, by dtype ("compute", "float32", "int64", "uint8")."""
     c = recipe.compute_dtype.itemsize
     d, f, H = cfg.dim, cfg.ffn_dim, cfg.n_heads
     fp32 = 2 * (8 * T * d + 4 * T)  # the two RMSNorms
     fp32 += 4 * T * H // tp  # attention's log-sum-exp
-    compute = c * T * d + 5 * c * T * d // tp  # the q/k/v input (replicated over TP), q, k, v, output, o_proj input
-    int64 = 0
+    compute = 4 * c * T * d // tp  # q, k, v after rotary and head repetition, the attention output
+    int64 = uint8 = 0
+    # the Linears' inputs: q/k/v's (one, replicated over TP), o_proj's, gate/up's (one), down_proj's
+    inputs = [T * d, T * d // tp]
     if cfg.n_experts:
         k, E = cfg.top_k, cfg.n_experts
         routed = k * T  # token slots, spread evenly over the experts
-        compute += c * T * d + routed * (2 * c * d + 4 * c * f) // tp  # input; per slot: gathered input,
-        fp32 += 4 * T * E + 4 * T * k  # SwiGLU, output · weight; router probabilities, top-k weights
+        compute += c * T * d + routed * (3 * c * f + c * d) // tp  # input; per slot: SwiGLU, output · weight
+        inputs += [routed * d // tp, routed * f // tp]  # gathered input, down input (over all experts)
+        fp32 += 4 * T * E + 4 * T * k  # router probabilities, top-k weights
         int64 += 8 * T * k + 16 * routed // tp  # top-k indices, each expert's token and slot indices
     else:
-        compute += c * T * d + 4 * c * T * f // tp
-    return {"compute": compute, "float32": fp32, "int64": int64}
+        compute += 3 * c * T * f // tp  # gate output, silu output, up output
+        inputs += [T * d, T * f // tp]
+    if _saves_codes(recipe):  # one byte per element and a 4-byte scale each
+        uint8 += sum(inputs)
+        fp32 += 4 * len(inputs)
+    else:
+        compute += c * sum(inputs)
+    return {"compute": compute, "float32": fp32, "int64": int64, "uint8": uint8}
 
 
 def _activations(cfg: ModelConfig, recipe: Recipe, T: int, checkpointing: str, tp: int) -> dict[str, int]:
