@@ -1,6 +1,7 @@
 """Fast paths for the reference quantizer, and the one switch that chooses them.
 
-    set_backend("auto")        Triton for CUDA tensors when Triton imports, the reference otherwise
+    set_backend("auto")        Triton for CUDA tensors when Triton imports (outside torch.compile),
+                               the reference otherwise
     set_backend("triton")      Triton always (CPU tensors too, under TRITON_INTERPRET=1: for tests)
     set_backend("reference")   the plain-torch reference everywhere
 
@@ -60,7 +61,9 @@ def uses_triton(x: torch.Tensor) -> bool:
         return False
     if _backend == "triton":
         return True
-    return x.is_cuda and triton_available()
+    # "auto": not inside a graph torch.compile traces, whose compiler fuses the reference's
+    # operations itself (into kernels of its own; the bits are the reference's either way)
+    return x.is_cuda and triton_available() and not torch.compiler.is_compiling()
 
 
 def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", generator=None,

@@ -1,0 +1,108 @@
+"""Where a training step's GPU time goes, per recipe: torch.profiler over a few steps.
+
+    PYTHONPATH=src python3 scripts/profile_step.py [--preset llama3-8b-8layers]
+        [--batch-size 4] [--seq-len 2048] [--recipes bf16 fp8_tensorwise] [--steps 2]
+        [--top 30] [--trace-dir DIR]
+
+The step is `fewerbits bench train`'s (forward, cross-entropy, backward, clipping, AdamW).
+For each recipe it prints the kernels by total GPU time and a summary by kind (GEMM, FP8
+GEMM, Triton casts, elementwise/reduction, optimizer, copies), per step.
+"""
+
+import argparse
+import re
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import fewerbits.bench as bench
+from fewerbits.benchmark import time_ms
+from fewerbits.models import Llama, get_preset
+from fewerbits.train.precision import apply_recipe
+
+KINDS = [  # (kind, pattern on the kernel name), first match wins
+    ("fp8 gemm", r"f8|e4m3|fp8|scaled_mm|Float8"),
+    ("gemm", r"gemm|cutlass|sm90_xmma|nvjet|wgmma|cublas"),
+    ("triton", r"^triton_|_kernel$"),
+    ("optimizer", r"foreach|multi_tensor|adam"),
+    ("copy", r"copy|Memcpy|Memset|cat|fill"),
+    ("flash/attention", r"flash|fmha|attention|sdpa"),
+]
+
+
+def kind(name: str) -> str:
+    for k, pat in KINDS:
+        if re.search(pat, name, re.I):
+            return k
+    return "elementwise/reduction/other"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="llama3-8b-8layers")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--recipes", nargs="+", default=["bf16", "fp8_tensorwise"])
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--trace-dir", default=None)
+    args = p.parse_args(argv)
+    device = torch.device("cuda")
+    model_cfg = get_preset(args.preset, 8192)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model_cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen)
+    x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+    for recipe in args.recipes:
+        bench._free(device)
+        profile_recipe(recipe, model_cfg, x, y, args, device)
+    return 0
+
+
+def profile_recipe(recipe, model_cfg, x, y, args, device):
+    from fewerbits.train.optim import AdamW, param_groups
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = Llama(model_cfg).to(device)
+    apply_recipe(model, recipe, device=device)
+    opt = AdamW(param_groups(model, 0.1), lr=1e-4)
+    params = [q for q in model.parameters() if q.requires_grad]
+
+    def step():
+        logits = model(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    wall = time_ms(step, 5, args.warmup, device)
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = e.self_device_time_total
+        # (a user annotation such as "Optimizer.step#AdamW.step" spans kernels: not one itself)
+        if e.device_type == torch.autograd.DeviceType.CUDA and t > 0 and "#" not in e.key:
+            rows.append((t / args.steps / 1e3, e.count // args.steps, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"\n=== {recipe}: {total:.1f} ms of kernels per step, {wall:.1f} ms per step "
+          "(median of 5) ===")
+    by_kind: dict[str, float] = {}
+    for ms, _, name in rows:
+        by_kind[kind(name)] = by_kind.get(kind(name), 0.0) + ms
+    for k, ms in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:30s} {ms:8.2f} ms  {100 * ms / total:5.1f}%")
+    print(f"  top {args.top} kernels (ms/step, calls/step, name):")
+    for ms, n, name in rows[: args.top]:
+        print(f"  {ms:8.2f} {n:5d}  {name[:150]}")
+    if args.trace_dir:
+        prof.export_chrome_trace(f"{args.trace_dir}/{recipe}.json")
+
+
+if __name__ == "__main__":
+    main()
