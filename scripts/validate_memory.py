@@ -55,6 +55,9 @@ def main(argv=None):
                     rows.append(row)
                     print(f"{preset} {recipe} {bs}: estimate {est.total_bytes / 2**30:.2f} GiB, measured "
                           f"{measured / 2**30:.2f} GiB, ratio {row['ratio']:.3f}", file=sys.stderr, flush=True)
+                    if args.json:  # after every case: a run cut short keeps what it measured
+                        with open(args.json, "w") as f:
+                            json.dump(rows, f, indent=2)
                     gc.collect()
                     if args.device == "cuda":
                         torch.cuda.empty_cache()
@@ -66,9 +69,6 @@ def main(argv=None):
     for r in rows:
         print(f"| {r['preset']} | {r['recipe']} | {r['batch_size']} | {r['estimate'] / 2**30:.2f} | "
               f"{r['measured'] / 2**30:.2f} | {r['ratio']:.3f} | {r['peak_at']} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
     return 0 if all(0.9 <= r["ratio"] <= 1.1 for r in rows) else 1
 
 

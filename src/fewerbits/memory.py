@@ -31,8 +31,8 @@ d model width, f MLP width, H query heads, c bytes of the compute dtype:
                         the attention output (cTd), its log-sum-exp (4TH), o_proj's input (cTd)
     SwiGLU              its input (cTd), gate output, silu output, up output, down input (4cTf)
 
-Every recipe saves the compute-dtype input of each Linear (quantization happens on the fly), so
-activations do not depend on the recipe's formats. Data parallelism shards states (ZeRO-1),
+A Linear saves its compute-dtype input (quantization happens on the fly) — except under
+per-tensor FP8, where it saves the input's forward codes: 1 byte per element and a 4-byte scale. Data parallelism shards states (ZeRO-1),
 plus gradients (ZeRO-2), plus master weights (ZeRO-3 / FSDP); tensor parallelism splits the
 block and vocabulary matrices and the activations inside attention and the MLP (Megatron style,
 no sequence parallelism). Mixture-of-experts activations assume even routing.
