@@ -160,3 +160,23 @@ def test_torch_compile_of_a_converted_model():
     out.float().sum().backward()
     assert torch.equal(out, eager)
     assert torch.equal(model.layers[0].mlp[0].weight.grad, grad)
+
+
+@pytest.mark.parametrize("scheme", ["fp8_e4m3_tensor", "mxfp8_e4m3", "nvfp4"])
+def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme):
+    """The quantizer compiled by inductor (C++ on a CPU; inside a compiled model on a GPU, where
+    the Triton fast paths stay out of the graph) gives the reference's bits; compiled, the
+    element pass runs over all rows at once, eagerly in slices."""
+    torch._dynamo.reset()
+    x = torch.randn(1300, 640, generator=torch.Generator().manual_seed(3)).bfloat16() * 5
+    x[7, 11] = float("nan")
+
+    def q(t):
+        out = fb.quantize(t, scheme)
+        return out.data, out.scale
+
+    data, scale = torch.compile(q, fullgraph=True)(x)
+    ref = fb.quantize(x, scheme)
+    assert torch.equal(data, ref.data)
+    assert torch.equal(scale.view(torch.uint8) if scale.dtype == torch.uint8 else scale.view(torch.int32),
+                       ref.scale.view(torch.uint8) if ref.scale.dtype == torch.uint8 else ref.scale.view(torch.int32))

@@ -297,7 +297,11 @@ def _per_element(per_block: torch.Tensor, br: int, bc: int, r0: int, r1: int, co
 
 def _row_chunks(rows: int, cols: int, device: torch.device):
     """(r0, r1) ranges of whole rows holding about CHUNK_ELEMENTS elements each (on a CPU;
-    a GPU takes 256 times more per slice, where launches, not caches, are the cost)."""
+    a GPU takes 256 times more per slice, where launches, not caches, are the cost). One range
+    in a graph being compiled: the compiler fuses the element pass and keeps no temporaries,
+    and slices would only add a concatenating copy."""
+    if torch.compiler.is_compiling():
+        return [(0, rows)]
     per_chunk = CHUNK_ELEMENTS * (256 if device.type == "cuda" else 1)
     step = max(1, per_chunk // max(cols, 1))
     return [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]

@@ -125,7 +125,7 @@ def in_chunks(fn, *tensors: torch.Tensor | None) -> torch.Tensor:
     shape = tensors[0].shape
     flats = [t.reshape(-1) if t is not None else None for t in tensors]
     n = flats[0].numel()
-    if n <= CHUNK_ELEMENTS:
+    if n <= CHUNK_ELEMENTS or torch.compiler.is_compiling():  # a compiled graph fuses instead
         return fn(*flats).reshape(shape)
     parts = [
         fn(*(f[i : i + CHUNK_ELEMENTS] if f is not None else None for f in flats))
