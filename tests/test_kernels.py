@@ -154,3 +154,15 @@ def test_dequantize_kernel_equals_reference_for_user_schemes(scheme):
     assert bits_equal(kernels.dequantize_matrix(q, torch.bfloat16), q.dequantize_matrix(torch.bfloat16))
     empty = fb.quantize(torch.empty(0, 32, device=DEVICE), "mxfp4")
     assert kernels.dequantize_matrix(empty).shape == (0, 32)
+
+
+@pytest.mark.parametrize("shape", [(37, 100), (1, 300), (300, 1), (64, 64), (130, 70), (0, 5)])
+def test_tiled_transpose_equals_torch(shape):
+    from fewerbits.kernels.transpose import transpose
+
+    x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    for t in (x, x.t()):  # contiguous and strided sources
+        assert torch.equal(transpose(t), t.t().contiguous())
+    assert torch.equal(transpose(x.view(torch.float8_e4m3fn)).view(torch.uint8), x.t().contiguous())
+    with pytest.raises(ValueError, match="one-byte elements"):
+        transpose(torch.zeros(4, 4, device=DEVICE))
