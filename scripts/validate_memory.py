@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 scripts/validate_memory.py [--presets 125m 350m 1b]
         [--recipes bf16 fp8_tensorwise fp8_blockwise mxfp8 nvfp4] [--batch-sizes 4 16]
-        [--seq-len 1024] [--steps 3] [--json FILE]
+        [--seq-len 1024] [--steps 3] [--json FILE] [--save-quantized-inputs]
 
 Each case trains the preset for a few steps with `fewerbits.train` on the embedded corpus (in
 this process, one case after another) and compares `torch.cuda.max_memory_allocated()` over the
@@ -32,6 +32,7 @@ def main(argv=None):
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--json", default=None)
+    p.add_argument("--save-quantized-inputs", action="store_true", help="the trainer's option, and the estimate's")
     p.add_argument("--device", default="cuda", help="cuda (the check); cpu only runs the cases (its peak is the RSS)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -44,10 +45,11 @@ def main(argv=None):
                     cfg = TrainConfig(recipe=recipe, preset=preset, steps=args.steps, batch_size=bs,
                                       seq_len=args.seq_len, eval_every=10**6, eval_windows=1, checkpoint_every=0,
                                       out=f"{tmp}/{preset}-{recipe}-{bs}", progress=False, tensorboard=False,
-                                      device=args.device)
+                                      device=args.device, save_quantized_inputs=args.save_quantized_inputs)
                     summary = train(cfg)
                     shutil.rmtree(cfg.out)  # its final checkpoint: gigabytes each for the larger presets
-                    est = fb.estimate_memory(preset, recipe, batch_size=bs, seq_len=args.seq_len)
+                    est = fb.estimate_memory(preset, recipe, batch_size=bs, seq_len=args.seq_len,
+                                             save_quantized_input=args.save_quantized_inputs)
                     measured = summary["peak_memory_bytes"]
                     row = {"preset": preset, "recipe": recipe, "batch_size": bs, "estimate": est.total_bytes,
                            "measured": measured, "ratio": est.total_bytes / measured,

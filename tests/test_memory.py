@@ -16,10 +16,10 @@ from fewerbits.train.optim import AdamW, param_groups
 from fewerbits.train.precision import apply_recipe
 
 
-def trainer_model(recipe, preset="tiny", vocab=512):
+def trainer_model(recipe, preset="tiny", vocab=512, save_quantized_input=False):
     torch.manual_seed(0)
     model = Llama(get_preset(preset, vocab))
-    apply_recipe(model, recipe)
+    apply_recipe(model, recipe, fb.Policy(save_quantized_input=save_quantized_input))
     return model
 
 
@@ -58,12 +58,15 @@ def test_everything_but_activations_is_the_sum_of_the_real_tensors(recipe, state
     assert fb.estimate_memory(get_preset(preset, 512), recipe, seq_len=32).items["kept weight copies"] == 0
 
 
-@pytest.mark.parametrize("recipe, preset", [("bf16", "tiny"), ("fp8_tensorwise", "tiny"), ("fp32", "tiny"),
-                                            ("bf16", "tiny-moe")])
-def test_activations_are_what_autograd_saves(recipe, preset):
+@pytest.mark.parametrize("recipe, preset, save_quantized", [
+    ("bf16", "tiny", False), ("fp8_tensorwise", "tiny", False), ("fp32", "tiny", False), ("bf16", "tiny-moe", False),
+    ("fp8_blockwise", "tiny", True), ("mxfp8", "tiny", True), ("nvfp4", "tiny", True), ("mxfp4", "tiny", True),
+    ("fp8_rowwise", "tiny", True), ("nvfp4", "tiny", False)])
+def test_activations_are_what_autograd_saves(recipe, preset, save_quantized):
     """Unique storages autograd saves in a forward pass (CPU's flash attention saves what CUDA's does:
-    q, k, v, the output and a fp32 log-sum-exp), against the estimate's count."""
-    model = trainer_model(recipe, preset)
+    q, k, v, the output and a fp32 log-sum-exp), against the estimate's count; with saved quantized
+    inputs, nvfp4's last block (kept in bf16) still saves its bf16 inputs."""
+    model = trainer_model(recipe, preset, save_quantized_input=save_quantized)
     fixed = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     saved = {}
 
@@ -76,8 +79,12 @@ def test_activations_are_what_autograd_saves(recipe, preset):
     x = torch.randint(0, 512, (2, 64))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x)
-    est = fb.estimate_memory(get_preset(preset, 512), recipe, batch_size=2, seq_len=64)
+    est = fb.estimate_memory(get_preset(preset, 512), recipe, batch_size=2, seq_len=64,
+                             save_quantized_input=save_quantized)
     measured = sum(saved.values())
+    if save_quantized:  # less than the inputs themselves
+        assert est.activations < fb.estimate_memory(get_preset(preset, 512), recipe, batch_size=2,
+                                                    seq_len=64).activations
     if preset == "tiny-moe":  # the estimate assumes even routing; this router is not even
         assert est.activations == pytest.approx(measured, rel=0.1)
     elif recipe == "fp32":  # fp32 attention takes torch's math path on a CPU, which saves more

@@ -544,3 +544,22 @@ def test_a_step_frees_its_gradients_and_logits(corpus, cache, tmp_path, monkeypa
     train(config(corpus, cache, tmp_path, steps=3, eval_every=3, checkpoint_every=0))
     assert len(alive_grads) == 3 and len(grads) > 10 and alive_grads == [0, 0, 0]
     assert logits_freed == [True, True, True]
+
+
+@pytest.mark.parametrize("recipe", ["fp8_blockwise", "mxfp4", "nvfp4"])
+def test_saving_quantized_inputs_changes_no_bit(corpus, cache, tmp_path, recipe):
+    """--save-quantized-inputs keeps each Linear's column-wise input copy instead of the input:
+    the weight-gradient GEMM gets the same operand (the input is rounded to nearest in every
+    recipe, so quantizing it in forward rather than backward draws no different noise)."""
+    kw = dict(recipe=recipe, steps=3, eval_every=3, checkpoint_every=0)
+    a = train(config(corpus, cache, tmp_path, out=str(tmp_path / "a"), **kw))
+    b = train(config(corpus, cache, tmp_path, out=str(tmp_path / "b"), save_quantized_inputs=True, **kw))
+    losses = lambda run: [r.get("loss", r.get("val_loss")) for r in read_metrics(tmp_path / run)]  # noqa: E731
+    assert losses("a") == losses("b") and a["final_val_loss"] == b["final_val_loss"]
+    from fewerbits.linear import QuantizedLinear
+    from fewerbits.train.loop import build
+
+    model, _, _ = build(config(corpus, cache, tmp_path, save_quantized_inputs=True, **kw),
+                        prepare(str(corpus), 512, cache), torch.device("cpu"))
+    flags = {m.save_quantized_input for m in model.modules() if isinstance(m, QuantizedLinear) and m.recipe.name == recipe}
+    assert flags == {True}  # the option reached every quantized Linear

@@ -182,6 +182,7 @@ class TrainBench:
     compile: bool = False
     vocab_size: int = 8192
     device: str = "auto"
+    save_quantized_inputs: bool = False  #: as the trainer's option (recipes' arms only)
 
 
 def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None) -> list[dict]:
@@ -217,9 +218,11 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None) -
         model = Llama(model_cfg).to(device)
         autocast = False
         if torchao_recipe is None:
+            from .convert import Policy
             from .train.precision import apply_recipe
 
-            apply_recipe(model, name, device=device)
+            policy = Policy(save_quantized_input=True) if cfg.save_quantized_inputs else None
+            apply_recipe(model, name, policy, device=device)
         else:
             _torchao_convert(model, torchao_recipe)
             autocast = True

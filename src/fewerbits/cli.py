@@ -223,7 +223,8 @@ def cmd_bench(args) -> int:
         what, table = "bench linear --shapes " + " ".join("x".join(map(str, s)) for s in args.shapes), bench.linear_table(rows)
     else:
         cfg = bench.TrainBench(preset=args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
-                               steps=args.iters, warmup=args.warmup, compile=args.compile, device=str(device))
+                               steps=args.iters, warmup=args.warmup, compile=args.compile, device=str(device),
+                               save_quantized_inputs=args.save_quantized_inputs)
         peers = [args.peer] if args.peer else []
         rows = bench.bench_train(cfg, recipes, peers=peers, echo=lambda line: print(line, file=sys.stderr))
         what = (f"bench train --preset {args.preset} --batch-size {args.batch_size} --seq-len {args.seq_len}"
@@ -261,7 +262,7 @@ def cmd_memory(args) -> int:
             model, r, batch_size=args.batch_size, seq_len=args.seq_len, state_dtype=args.state_dtype,
             grad_dtype=args.grad_dtype, fp32_grad_accumulation=args.fp32_grad_accumulation,
             grad_accum=args.grad_accum, checkpointing=args.checkpointing, dp=args.dp, zero=args.zero, tp=args.tp,
-            fused_adamw=args.adamw == "fused",
+            fused_adamw=args.adamw == "fused", save_quantized_input=args.save_quantized_inputs,
         )
         for r in recipes
     ]
@@ -331,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
             b.add_argument("--batch-size", type=int, default=8, help="sequences per step")
             b.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
             b.add_argument("--compile", action="store_true", help="torch.compile every arm")
+            b.add_argument("--save-quantized-inputs", action="store_true",
+                           help="Linears keep their input's quantized column-wise copy for backward (as train's option)")
             b.add_argument("--peer", choices=["torchao"], default=None,
                            help="also measure this library's FP8 training of the same model")
         b.set_defaults(func=cmd_bench)
@@ -355,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp", type=int, default=1, help="data-parallel size")
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over --dp (3 = FSDP full sharding)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--save-quantized-inputs", action="store_true",
+                   help="Linears keep their input's quantized column-wise copy for backward (train's option)")
     p.add_argument("--adamw", choices=["fused", "multi-tensor"], default="fused",
                    help="the optimizer's update: one kernel per parameter (GPU default) or multi-tensor ops (CPU)")
     p.add_argument("--json", action="store_true", help="print JSON: params, total_bytes, items (bytes)")

@@ -241,7 +241,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
             ctx.input_q = replace(a, data=None, scale=None)  # wgrad transposes these codes
             ctx.save_for_backward(weight, a.data, a.scale)
         elif cfg.save_quantized_input and wg.b.scheme is not None:
-            input_t = _prepare(x2, wg.b, wg, 0, dt, amax_in)  # (K, M), along tokens
+            input_t = SHARED_OPERANDS.prepare(x2, wg.b, wg, 0, dt, amax_in)  # (K, M), along tokens
             ctx.input_t = replace(input_t, data=None, scale=None, tensor_scale=None)
             ctx.save_for_backward(weight, input_t.data, input_t.scale, input_t.tensor_scale)
         else:

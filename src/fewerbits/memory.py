@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -209,12 +210,14 @@ def inventory(cfg: ModelConfig, recipe: Recipe) -> Inventory:
 def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size: int = 8, seq_len: int = 1024,
                     state_dtype: str = "float32", grad_dtype: str = "float32", fp32_grad_accumulation: bool = False,
                     grad_accum: int = 1, checkpointing: str = "none", dp: int = 1, zero: int = 0,
-                    tp: int = 1, fused_adamw: bool = True) -> MemoryEstimate:
+                    tp: int = 1, fused_adamw: bool = True, save_quantized_input: bool = False) -> MemoryEstimate:
     """Itemised bytes per GPU of training `model` under `recipe` (see the module docstring).
 
     batch_size is the micro-batch per GPU; zero is the ZeRO stage (3 = FSDP full sharding);
     fused_adamw: the optimizer's one-kernel update (its default on a GPU) rather than its
-    multi-tensor path (CPU), which allocates two fp32 temporaries per parameter of a group.
+    multi-tensor path (CPU), which allocates two fp32 temporaries per parameter of a group;
+    save_quantized_input: the Linears keep their input's column-wise quantized copy for backward
+    (the trainer's `save_quantized_inputs`) instead of the input.
     """
     name, cfg = model_config(model)
     recipe = get_recipe(recipe)
@@ -254,7 +257,10 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
     items["recipe state (amax histories)"] = inv.recipe_state
     items["model buffers"] = inv.buffers
     compute_name = str(recipe.compute_dtype).removeprefix("torch.")
-    for kind, b in _by_dtype(_activations(cfg, recipe, batch_size * seq_len, checkpointing, tp), compute_name).items():
+    q_blocks = len({int(m.group(1)) for name, _, _, r in inv.linears
+                    if r.name == recipe.name and (m := re.match(r"layers\.(\d+)\.", name))})
+    acts = _activations(cfg, recipe, batch_size * seq_len, checkpointing, tp, save_quantized_input, q_blocks)
+    for kind, b in _by_dtype(acts, compute_name).items():
         items[f"activations, {kind}"] = b
     tokens = batch_size * seq_len
     items["logits and loss"] = 12 * tokens * cfg.vocab_size // tp
@@ -268,11 +274,11 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
 
     phases = {phase: sum(b for k, b in items.items() if k in keys or ("activations" in keys and k.startswith("activations")))
               for phase, keys in PHASE_ITEMS.items()}
-    per_block = {k: v for k, v in _by_dtype(_block_activations(cfg, recipe, batch_size * seq_len, tp),
-                                            compute_name).items() if v}
+    per_block = {k: v for k, v in _by_dtype(_block_activations(cfg, recipe, batch_size * seq_len, tp,
+                                                               save_quantized_input), compute_name).items() if v}
     settings = dict(batch_size=batch_size, seq_len=seq_len, state_dtype=state_dtype, grad_dtype=grad_dtype,
                     grad_accum=grad_accum, checkpointing=checkpointing, dp=dp, zero=zero, tp=tp,
-                    fused_adamw=fused_adamw)
+                    fused_adamw=fused_adamw, save_quantized_input=save_quantized_input)
     return MemoryEstimate(name, recipe.name, params, items, phases, max(phases.values()), settings, per_block)
 
 
@@ -313,43 +319,71 @@ def _saves_codes(recipe: Recipe) -> bool:
     return _transposable(fp.a, fp, wg.b, wg)
 
 
-def _block_activations(cfg: ModelConfig, recipe: Recipe, T: int, tp: int) -> dict[str, int]:
+def _saved_input(recipe: Recipe, rows: int, cols: int, save_quantized: bool) -> dict[str, int]:
+    """Bytes by dtype that a Linear saves of its (rows, cols) input."""
+    from .quantize import quantized_nbytes
+
+    c = recipe.compute_dtype.itemsize
+    if not recipe.quantized or recipe.wgrad.b.scheme is None:
+        return {"compute": c * rows * cols}
+    if _saves_codes(recipe):  # the forward codes and a 4-byte scale
+        return {"uint8": rows * cols, "float32": 4}
+    if save_quantized:  # the column-wise copy the weight-gradient GEMM uses: codes and scales
+        from .quantize import packed_size
+
+        scheme = get_scheme(recipe.wgrad.b.scheme)
+        codes = cols * packed_size(rows, scheme.elem.bits)  # (cols, rows): blocks along the tokens
+        scales = quantized_nbytes((rows, cols), scheme, axis=0) - codes
+        if scheme.scale_fmt.bits <= 8:  # 8-bit scale codes (and NVFP4's fp32 tensor scale)
+            tensor = 4 if scheme.two_level else 0
+            return {"uint8": codes + scales - tensor, "float32": tensor}
+        return {"uint8": codes, "float32": scales}
+    return {"compute": c * rows * cols}
+
+
+def _block_activations(cfg: ModelConfig, recipe: Recipe, T: int, tp: int,
+                       save_quantized: bool = False) -> dict[str, int]:
     """Bytes one block saves for backward, by dtype ("compute", "float32", "int64", "uint8")."""
     c = recipe.compute_dtype.itemsize
     d, f, H = cfg.dim, cfg.ffn_dim, cfg.n_heads
-    fp32 = 2 * (8 * T * d + 4 * T)  # the two RMSNorms
-    fp32 += 4 * T * H // tp  # attention's log-sum-exp
-    compute = 4 * c * T * d // tp  # q, k, v after rotary and head repetition, the attention output
-    int64 = uint8 = 0
+    out = {"compute": 0, "float32": 0, "int64": 0, "uint8": 0}
+    out["float32"] += 2 * (8 * T * d + 4 * T)  # the two RMSNorms
+    out["float32"] += 4 * T * H // tp  # attention's log-sum-exp
+    out["compute"] += 4 * c * T * d // tp  # q, k, v after rotary and head repetition, the attention output
     # the Linears' inputs: q/k/v's (one, replicated over TP), o_proj's, gate/up's (one), down_proj's
-    inputs = [T * d, T * d // tp]
+    inputs = [(T, d), (T, d // tp)]
     if cfg.n_experts:
         k, E = cfg.top_k, cfg.n_experts
         routed = k * T  # token slots, spread evenly over the experts
-        compute += c * T * d + routed * (3 * c * f + c * d) // tp  # input; per slot: SwiGLU, output · weight
-        inputs += [routed * d // tp, routed * f // tp]  # gathered input, down input (over all experts)
-        fp32 += 4 * T * E + 4 * T * k  # router probabilities, top-k weights
-        int64 += 8 * T * k + 16 * routed // tp  # top-k indices, each expert's token and slot indices
+        out["compute"] += c * T * d + routed * (3 * c * f + c * d) // tp  # input; per slot: SwiGLU, output · weight
+        inputs += [(routed, d // tp), (routed, f // tp)]  # gathered input, down input (over all experts)
+        out["float32"] += 4 * T * E + 4 * T * k  # router probabilities, top-k weights
+        out["int64"] += 8 * T * k + 16 * routed // tp  # top-k indices, each expert's token and slot indices
     else:
-        compute += 3 * c * T * f // tp  # gate output, silu output, up output
-        inputs += [T * d, T * f // tp]
-    if _saves_codes(recipe):  # one byte per element and a 4-byte scale each
-        uint8 += sum(inputs)
-        fp32 += 4 * len(inputs)
-    else:
-        compute += c * sum(inputs)
-    return {"compute": compute, "float32": fp32, "int64": int64, "uint8": uint8}
+        out["compute"] += 3 * c * T * f // tp  # gate output, silu output, up output
+        inputs += [(T, d), (T, f // tp)]
+    for rows, cols in inputs:
+        for kind, b in _saved_input(recipe, rows, cols, save_quantized).items():
+            out[kind] += b
+    return out
 
 
-def _activations(cfg: ModelConfig, recipe: Recipe, T: int, checkpointing: str, tp: int) -> dict[str, int]:
-    """Saved activations of the whole model by dtype (see the module docstring)."""
+def _activations(cfg: ModelConfig, recipe: Recipe, T: int, checkpointing: str, tp: int,
+                 save_quantized: bool = False, quantized_blocks: int | None = None) -> dict[str, int]:
+    """Saved activations of the whole model by dtype (see the module docstring);
+    quantized_blocks: how many blocks run the recipe (the others its compute dtype)."""
+    from .train.precision import high_precision_recipe
+
     c = recipe.compute_dtype.itemsize
-    block = _block_activations(cfg, recipe, T, tp)
+    n_q = cfg.n_layers if quantized_blocks is None else quantized_blocks
+    block = _block_activations(cfg, recipe, T, tp, save_quantized)
+    kept = _block_activations(cfg, high_precision_recipe(recipe), T, tp)
     if checkpointing == "block":  # each block's input, and one block recomputed
-        total = {k: v for k, v in block.items()}
+        kinds = ([block] if n_q else []) + ([kept] if n_q < cfg.n_layers else [])
+        total = dict(max(kinds, key=lambda b: sum(b.values())))
         total["compute"] += cfg.n_layers * c * T * cfg.dim
     else:
-        total = {k: cfg.n_layers * v for k, v in block.items()}
+        total = {k: n_q * block[k] + (cfg.n_layers - n_q) * kept[k] for k in block}
     total["int64"] += 8 * T  # token ids
     total["float32"] += 8 * T * cfg.dim + 4 * T  # the final RMSNorm
     total["compute"] += c * T * cfg.dim  # the output head's input

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..convert import Policy
 from ..hardware import resolve_device
 from ..linear import QuantizedLinear
 from ..models import Llama, get_preset
@@ -79,6 +80,7 @@ class TrainConfig:
     resume: bool = False  #: continue the run in --out from its checkpoint
     overwrite: bool = False  #: start over in --out, deleting its checkpoint and metrics
     compile: bool = False  #: torch.compile the model
+    save_quantized_inputs: bool = False  #: Linears keep their input's quantized column-wise copy for backward instead of the input (less activation memory, the same bits)
     progress: bool = True  #: show a progress line on the terminal
     tensorboard: bool = True  #: also write TensorBoard events (if tensorboard is installed)
 
@@ -178,7 +180,8 @@ def build(cfg: TrainConfig, data: TokenData, device: torch.device):
         raise ValueError(f"--seq-len {cfg.seq_len} exceeds preset {cfg.preset}'s max_seq_len {model_cfg.max_seq_len}")
     torch.manual_seed(cfg.seed)
     model = Llama(model_cfg).to(device)
-    report = apply_recipe(model, cfg.recipe, device=device)
+    policy = Policy(save_quantized_input=True) if cfg.save_quantized_inputs else None
+    report = apply_recipe(model, cfg.recipe, policy, device=device)
     return model, model_cfg, report
 
 
