@@ -65,6 +65,20 @@ def test_bf16_input_strided_views_amax_override_and_empty():
     assert kernels.quantize(torch.empty(0, 32, device=DEVICE), "mxfp4").dequantize().shape == (0, 32)
 
 
+@pytest.mark.parametrize("name", ["fp8_e4m3_128x128", "nvfp4_16x16"])
+def test_square_blocks_across_tiles_with_ragged_edges(name):
+    """2-D blocks (one block row per tile): several tiles each way, partial blocks at both
+    edges, a NaN and an all-zero block, bf16 and transposed inputs, both axes."""
+    x = torch.randn(300, 260, generator=torch.Generator().manual_seed(7)).to(DEVICE) * 3
+    x[130:140, 0:20] = 0.0
+    x[0:16, 16:32] = 0.0  # a whole 16x16 block
+    y = x.clone()
+    y[200, 5] = float("nan")
+    for t in (x, y, x.bfloat16(), x.t()):
+        for axis in (-1, 0):
+            assert same(kernels.quantize(t, name, axis=axis), fb.quantize(t, name, axis=axis)), (t.dtype, axis)
+
+
 @pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor", "fp8_e4m3_row"])
 def test_one_amax_per_tensor_or_row_with_specials_overrides_and_layouts(name):
     """The reduction-then-kernel path: NaN and inf anywhere, zero tensors and rows, overrides

@@ -9,8 +9,8 @@
 `dequantize_matrix()` gives `QuantizedTensor.dequantize_matrix`'s values in one kernel
 (kernels/dequant.py):
 
-    1 × bc blocks (MX, NVFP4 1x16, FP8 1x128)   one kernel reads the tensor once: block amax,
-                                                scale rule, codes, packing (kernels/rowblock.py)
+    1 × bc and bc × bc blocks (MX, NVFP4 1x16   one kernel reads the tensor once: block amax,
+      and 16x16, FP8 1x128 and 128x128)         scale rule, codes, packing (kernels/rowblock.py)
     one block per row or per tensor, fp32       one reduction for the amax (an amax override
       scales (FP8 rowwise, tensorwise, delayed)   applies where it is finite), then the same
                                                 kernel: scale rule, scales, codes

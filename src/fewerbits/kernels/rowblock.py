@@ -1,7 +1,9 @@
-"""Quantization with 1 × bc blocks (MX, NVFP4 1x16, FP8 1x128) in one read: amax, scale, codes.
+"""Quantization with 1 × bc or square bc × bc blocks (MX, NVFP4 1x16 and 16x16, FP8 1x128 and
+128x128) in one read: amax, scale, codes.
 
     X (R, C), any dtype and strides
         │ one program = TILE_R rows × TILE_C columns = TILE_R × (TILE_C / bc) whole blocks
+        │ (2-D blocks: TILE_R = br, so the tile holds TILE_C / bc whole blocks)
         ▼
     ┌─ block ─┬─ block ─┬─ … ┐   amax per block (over real elements: padding loads as 0;
     │ bc cols │ bc cols │    │   NaN anywhere makes the block's amax NaN)
@@ -48,7 +50,7 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
                      BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
                      BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
                      SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
-                     X_BF16: tl.constexpr):
+                     X_BF16: tl.constexpr, BR: tl.constexpr):
     NB: tl.constexpr = TILE_C // BC
     rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
     cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
@@ -61,11 +63,14 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
         x = tl.load(x_ptr + rows[:, None] * sxr + cols[None, :] * sxc, mask=inside, other=0.0).to(tl.float32)
 
     # ---- amax of each block: (TILE_R, NB) -------------------------------------------------
-    if AMAX_MODE == 0:  # 1 × BC blocks: reduced here
+    if AMAX_MODE == 0:  # BR × BC blocks: reduced here
         x3 = tl.reshape(x, (TILE_R, NB, BC))
         amax = tl.max(tl.abs(x3), axis=2)
-        has_nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
-        amax = tl.where(has_nan, float("nan"), amax)
+        nan_rows = tl.max((x3 != x3).to(tl.int32), axis=2)
+        if BR > 1:  # the tile's rows are one block row: reduce over them too
+            amax = tl.broadcast_to(tl.max(amax, axis=0)[None, :], (TILE_R, NB))
+            nan_rows = tl.broadcast_to(tl.max(nan_rows, axis=0)[None, :], (TILE_R, NB))
+        amax = tl.where(nan_rows > 0, float("nan"), amax)
     else:  # one block per row (1) or one for the tensor (2): the amax comes from amax_ptr
         a_row = tl.load(amax_ptr + rows * (1 if AMAX_MODE == 1 else 0), mask=rows < R, other=0.0)
         amax = tl.broadcast_to(a_row[:, None], (TILE_R, NB))
@@ -114,16 +119,20 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
     factor = tl.where(finite, factor, float("nan"))
 
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
+    srows = rows
     if AMAX_MODE == 0:
         scale_mask = (rows < R)[:, None] & (blocks * BC < C)[None, :]
+        if BR > 1:  # one scale row per tile, stored from its first row
+            srows = rows // BR
+            scale_mask = scale_mask & ((rows % BR) == 0)[:, None]
     else:  # one scale per row (or one in all): the first column of tiles stores it
         keep = (rows < R) if AMAX_MODE == 1 else (rows == 0)
         scale_mask = keep[:, None] & (blocks == 0)[None, :]
         blocks = blocks * 0
     if SCALE_CODES:  # E8M0 or E4M3: store the code
-        tl.store(scale_ptr + rows[:, None] * ssr + blocks[None, :], code.to(tl.uint8), mask=scale_mask)
+        tl.store(scale_ptr + srows[:, None] * ssr + blocks[None, :], code.to(tl.uint8), mask=scale_mask)
     else:
-        tl.store(scale_ptr + rows[:, None] * ssr + blocks[None, :], scale, mask=scale_mask)
+        tl.store(scale_ptr + srows[:, None] * ssr + blocks[None, :], scale, mask=scale_mask)
 
     # ---- elements --------------------------------------------------------------------------
     f3 = tl.broadcast_to(factor[:, :, None], (TILE_R, NB, BC))
@@ -149,9 +158,9 @@ def _reciprocal_of_max(value: float) -> float:
 
 
 def supported(scheme: Scheme) -> bool:
-    """1 × bc blocks with bc a power of two from 16 to 128."""
+    """1 × bc or bc × bc blocks with bc a power of two from 16 to 128."""
     br, bc = scheme.block
-    return br == 1 and bc in (16, 32, 64, 128)
+    return br in (1, bc) and bc in (16, 32, 64, 128)
 
 
 def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | None, *,
@@ -161,27 +170,31 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | No
     Scales are stored as QuantizedTensor stores them: uint8 codes for E8M0 / E4M3, else fp32.
     """
     R, C = X.shape
-    elem, bc = scheme.elem, scheme.block[1]
+    elem, (br, bc) = scheme.elem, scheme.block
     pack = elem.bits == 4
     nb = -(-C // bc)
     codes = torch.empty(R, (C + 1) // 2 if pack else C, dtype=torch.uint8, device=X.device)
     scale_codes = scheme.scale_fmt.bits <= 8
-    scales = torch.empty(R, nb, dtype=torch.uint8 if scale_codes else torch.float32, device=X.device)
+    scales = torch.empty(-(-R // br), nb, dtype=torch.uint8 if scale_codes else torch.float32, device=X.device)
+    if br > 1:  # a tile is one block row
+        tile_r = br
     s_dec = None
     tensor_scales = scales  # not read unless two-level
     if scheme.two_level:  # the tensor-wide level first, exactly as scaling.py computes it
-        tensor_amax = X.abs().amax().float() if X.numel() else X.new_zeros((), dtype=torch.float32)
+        # (the max of |x| in one reduction: exact, NaN propagating, as abs().amax())
+        tensor_amax = (torch.linalg.vector_norm(X, ord=float("inf")).float() if X.numel()
+                       else X.new_zeros((), dtype=torch.float32))
         _, s_dec, mult = two_level_tensor_scales(tensor_amax, elem, scheme.scale_fmt)
         tensor_scales = torch.stack([s_dec, mult])  # stays on the device: no host round trip
     if X.numel() == 0:
         return codes, scales, s_dec
     rule = "two_level" if scheme.two_level else scheme.scale_rule
-    _launch(X, noise, codes, scales, scheme, rule, tensor_scales, scales, bc, 0, scale_codes, tile_r, tile_c)
+    _launch(X, noise, codes, scales, scheme, rule, tensor_scales, scales, bc, 0, scale_codes, tile_r, tile_c, br)
     return codes, scales, s_dec
 
 
 def _launch(X, noise, codes, scales, scheme: Scheme, rule: str, tensor_scales, amax, bc: int, amax_mode: int,
-            scale_codes: bool, tile_r: int, tile_c: int) -> None:
+            scale_codes: bool, tile_r: int, tile_c: int, br: int = 1) -> None:
     """One launch of the kernel over X (R, C); `tensor_scales` and `amax` are read only by the
     two-level rule and the amax modes."""
     R, C = X.shape
@@ -194,7 +207,8 @@ def _launch(X, noise, codes, scales, scheme: Scheme, rule: str, tensor_scales, a
         BC=bc, TILE_R=tile_r, TILE_C=tile_c, RULE=RULES[rule],
         KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
         STOCHASTIC=noise is not None, PACK=2 if elem.bits == 4 else 1, SCALE_CODES=scale_codes,
-        AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, **format_constants(elem),
+        AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, BR=br, **format_constants(elem),
+        num_warps=8 if tile_r * tile_c >= 64 * 128 else 4,
     )
 
 
