@@ -76,7 +76,7 @@ class DelayedScalingState(nn.Module):
             return
         r = ROLES.index(role)
         history = self.amax_history[r]
-        history[0] = t.abs().amax().float()
+        history[0] = torch.linalg.vector_norm(t, ord=float("inf")).float()  # max |t|, NaN propagating, one pass
         new = history.max() if self.config.amax_compute == "max" else history[0].clone()
         # keep the previous amax when the new one is 0 or not finite, as TE keeps its scale
         self.amax[r] = torch.where((new > 0) & torch.isfinite(new), new, self.amax[r])
