@@ -80,7 +80,7 @@ class TrainConfig:
     resume: bool = False  #: continue the run in --out from its checkpoint
     overwrite: bool = False  #: start over in --out, deleting its checkpoint and metrics
     compile: bool = False  #: torch.compile the model
-    save_quantized_inputs: bool = False  #: Linears keep their input's quantized column-wise copy for backward instead of the input (less activation memory, the same bits)
+    save_quantized_inputs: bool = False  #: Linears keep their input's quantized column-wise copy for backward instead of the input (less activation memory; the same bits where inputs round to nearest, as in every built-in recipe)
     progress: bool = True  #: show a progress line on the terminal
     tensorboard: bool = True  #: also write TensorBoard events (if tensorboard is installed)
 
