@@ -180,3 +180,25 @@ def test_tiled_transpose_equals_torch(shape):
     assert torch.equal(transpose(x.view(torch.float8_e4m3fn)).view(torch.uint8), x.t().contiguous())
     with pytest.raises(ValueError, match="one-byte elements"):
         transpose(torch.zeros(4, 4, device=DEVICE))
+
+
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4", "mxfp6_e3m2", "nvfp4", "nvfp4_16x16", "mxfp8_e5m2"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_values_without_codes_equal_dequantized_codes(name, rounding):
+    """The one-kernel values an emulated GEMM multiplies equal quantize-then-dequantize (bf16,
+    without the per-tensor scale), bit for bit: NaN/inf/subnormal inputs, both axes, bf16 input."""
+    x = torch.from_numpy(hard_matrix(37, 100, seed=3, specials=True)).to(DEVICE)
+    for t in (x, x.bfloat16()):
+        for axis in (-1, 0):
+            gen = lambda: torch.Generator(device=DEVICE).manual_seed(9)  # noqa: E731
+            values, ts = kernels.quantized_values(t, name, rounding=rounding, generator=gen(), axis=axis)
+            q = fb.quantize(t, name, rounding=rounding, generator=gen(), axis=axis)
+            ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
+            assert values.dtype == torch.bfloat16 and values.shape == ref.shape
+            nan = ref.isnan()  # (NaN blocks: NaN either way, the sign of a NaN aside)
+            assert torch.equal(values.isnan(), nan), (t.dtype, axis)
+            assert torch.equal(values[~nan].view(torch.int16), ref[~nan].view(torch.int16)), (t.dtype, axis)
+            if q.scheme.elem.bits in (4, 8):  # and the very bits of the dequant kernel (NaN too)
+                dq = kernels.dequantize_matrix(q, torch.bfloat16, tensor_scale=False)
+                assert torch.equal(values.view(torch.int16), dq.view(torch.int16))
+            assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)

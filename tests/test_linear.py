@@ -444,3 +444,47 @@ def test_per_tensor_codes_are_transposed_not_quantized_again(recipe, monkeypatch
     linears = 4 * 7
     assert n_b - n_a == 4 * (7 + (4 if recipe == "fp8_tensorwise" else 7))
     assert saved_a.count(torch.uint8) == saved_b.count(torch.uint8) + linears
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp4", "nvfp4", "mxfp6"])
+def test_emulated_gemms_multiply_values_made_without_codes(recipe, monkeypatch):
+    """On the Triton backend an emulated GEMM's fresh operands come from one kernel as bf16
+    values (no codes stored and read back): outputs and gradients are the same bits as
+    quantize-then-dequantize, with weight caching and saved quantized inputs too. (Triton's
+    interpreter on a CPU: a small model.)"""
+    import fewerbits.linear as L
+    from fewerbits import kernels
+
+    made = []
+    real = kernels.quantized_values
+    monkeypatch.setattr(kernels, "quantized_values", lambda *a, **k: (made.append(1), real(*a, **k))[1])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(48, 64, generator=torch.Generator().manual_seed(2)).to(device)
+    x[3, :4] *= 40  # an outlier row
+
+    def run(save_quantized, cache):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 64)).to(device)
+        fb.convert(model, recipe, policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0,
+                                                   save_quantized_input=save_quantized))
+        for m in model.modules():
+            if isinstance(m, fb.QuantizedLinear):
+                m.cache_weight = cache
+        torch.manual_seed(1)  # the same stochastic-rounding draws in both runs
+        xr = x.clone().requires_grad_()
+        out = model(xr)
+        out.float().square().sum().backward()
+        return out, [xr.grad] + [p.grad for p in model.parameters()]
+
+    kernels.set_backend("triton")
+    try:
+        for save_quantized, cache in ((False, False), (True, True)):
+            made.clear()
+            out_a, grads_a = run(save_quantized, cache)
+            assert made  # the values path ran
+            with monkeypatch.context() as m:
+                m.setattr(L, "_as_values", lambda *a: False)
+                out_b, grads_b = run(save_quantized, cache)
+            assert torch.equal(out_a, out_b) and all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
+    finally:
+        kernels.set_backend("auto")

@@ -45,7 +45,11 @@ FP8 = ("fp8_e4m3", "fp8_e5m2")
 
 def _kind(q: QuantizedTensor) -> str | None:
     """The cuBLAS scaling kind of one operand, or None if no native kernel takes it."""
-    s = q.scheme
+    return scheme_kind(q.scheme)
+
+
+def scheme_kind(s) -> str | None:
+    """The cuBLAS scaling kind of a scheme's operands, or None if no native kernel takes them."""
     if s.elem.name not in FP8 or s.scale_fmt.name != "fp32":
         return None
     return {(-1, -1): "tensor", (1, -1): "row", (1, 128): "1x128", (128, 128): "128x128"}.get(
@@ -142,8 +146,18 @@ def _native(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype) -> t
 
 def _bf16_exact(q: QuantizedTensor) -> bool:
     """Are q's dequantized values (without a per-tensor scale) exact in bf16?"""
-    s = q.scheme
+    return bf16_exact(q.scheme)
+
+
+def bf16_exact(s) -> bool:
+    """Are a scheme's dequantized values (without a per-tensor scale) exact in bf16?"""
     return s.elem.man_bits <= 3 and (s.pow2 or s.two_level)
+
+
+def emulated_in_bf16(sa, sb) -> bool:
+    """Does a GEMM of these two schemes' operands always run emulated, on bf16 operands on a
+    GPU (no native kernel takes the pair, and both dequantize exactly to bf16)?"""
+    return (scheme_kind(sa) is None or scheme_kind(sb) is None) and bf16_exact(sa) and bf16_exact(sb)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,11 @@ column-wise copy is the row-wise codes transposed (a copy of one byte per elemen
 amax and cast. The weight-gradient GEMM takes grad_output's codes from the input-gradient GEMM
 that way, and the input's from the forward GEMM, whose codes are what the layer saves.
 
+An emulated GEMM whose operands dequantize exactly to bf16 (MX, NVFP4: no native kernel) gets
+them on the Triton backend as bf16 values straight from the quantization kernel — the codes are
+never stored and read back — except operands that are kept (cached weights, saved inputs),
+which stay codes. The GEMM multiplies the same values either way.
+
 What is saved for backward: the weight (the parameter itself, no copy; with weight QAT, its
 fake-quantized copy, which is what dgrad multiplies by) and the input — its forward codes where
 they serve the weight-gradient GEMM as above (one byte per element instead of two), else as it
@@ -36,15 +41,16 @@ history and the amax the next quantization uses, as buffers: they are saved and 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 
 from . import kernels
-from .gemm import full_fp32, mm_fp32_out, scaled_matmul
+from .gemm import emulated_in_bf16, full_fp32, mm_fp32_out, scaled_matmul
 from .quantize import QuantizedTensor, quantize
 from .recipes import DelayedScaling, Gemm, Operand, Recipe, get_recipe
+from .schemes import get_scheme
 
 ROLES = ("input", "weight", "grad_output")
 
@@ -84,15 +90,36 @@ class DelayedScalingState(nn.Module):
         history[0].zero_()
 
 
-def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None):
+@dataclass(frozen=True)
+class _Values:
+    """An operand of an emulated GEMM as the values it multiplies: the (R, inner) bf16 matrix of
+    the dequantized codes (never stored as codes) and the per-tensor scale the GEMM's fp32
+    result is multiplied by (NVFP4), or None."""
+
+    matrix: torch.Tensor
+    tensor_scale: torch.Tensor | None
+
+
+def _as_values(gemm: Gemm, t: torch.Tensor) -> bool:
+    """Whether this GEMM's operands are made as values: it runs emulated on bf16 operands and
+    the Triton backend makes the values in one kernel, with no codes in between."""
+    a, b = gemm.a.scheme, gemm.b.scheme
+    return (a is not None and b is not None and kernels.uses_triton(t)
+            and emulated_in_bf16(get_scheme(a), get_scheme(b)))
+
+
+def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None, codes: bool = False):
     """One GEMM operand from a high-precision 2-D tensor: Hadamard, then quantize along `axis`.
 
-    Returns a QuantizedTensor, or, unquantized, the (R, inner) matrix in the compute dtype.
+    Returns a QuantizedTensor, or, unquantized, the (R, inner) matrix in the compute dtype, or,
+    for a GEMM that multiplies values (`_as_values`) unless `codes` asks for the codes, _Values.
     """
     if gemm.hadamard is not None:
         t = gemm.hadamard.transform(t, dim=axis)
     if op.scheme is None:
         return (t if axis == 1 else t.t()).to(dtype)
+    if not codes and amax is None and _as_values(gemm, t):
+        return _Values(*kernels.quantized_values(t, op.scheme, rounding=op.rounding, axis=axis))
     return kernels.quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax)
 
 
@@ -125,16 +152,16 @@ class _SharedOperands:
     def __init__(self, size: int = 2):
         self.size, self.entries, self.enabled = size, [], True
 
-    def prepare(self, t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None):
+    def prepare(self, t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None, codes: bool = False):
         if (not self.enabled or amax is not None or op.rounding != "nearest"
                 or torch.compiler.is_compiling()):
-            return _prepare(t, op, gemm, axis, dtype, amax)
+            return _prepare(t, op, gemm, axis, dtype, amax, codes)
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-               t.dtype, t._version, op.scheme, gemm.hadamard, axis, dtype)
+               t.dtype, t._version, op.scheme, gemm.hadamard, axis, dtype, codes or not _as_values(gemm, t))
         for k, _source, prepared in self.entries:
             if k == key:
                 return prepared
-        prepared = _prepare(t, op, gemm, axis, dtype, amax)
+        prepared = _prepare(t, op, gemm, axis, dtype, amax, codes)
         self.entries = [(key, t, prepared), *self.entries[: self.size - 1]]
         return prepared
 
@@ -166,7 +193,15 @@ def share_operands(on: bool) -> None:
 
 
 def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native) -> torch.Tensor:
-    """A · Bᵀ for prepared operands (quantized, or high-precision matrices)."""
+    """A · Bᵀ for prepared operands (quantized, values, or high-precision matrices)."""
+    if isinstance(a, _Values) or isinstance(b, _Values):  # gemm.emulated_matmul's bf16 path
+        A, B = (o.matrix if isinstance(o, _Values) else kernels.dequantize_matrix(o, torch.bfloat16, tensor_scale=False)
+                for o in (a, b))
+        out = mm_fp32_out(A, B.t())
+        for o in (a, b):  # per-tensor scales (NVFP4) multiply the fp32 accumulator
+            if o.tensor_scale is not None:
+                out = out * o.tensor_scale
+        return out.to(out_dtype)
     if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor):
         return scaled_matmul(a, b, out_dtype=out_dtype, native=native)
     dtype = recipe.compute_dtype
@@ -202,7 +237,7 @@ class _Config:
         hit = self.weight_cache.get(axis)
         if hit is not None and hit[0] == key:
             return hit[1]
-        prepared = _prepare(weight, op, gemm, axis, dtype, amax)
+        prepared = _prepare(weight, op, gemm, axis, dtype, amax, True)  # kept: as codes
         self.weight_cache[axis] = (key, prepared)
         return prepared
 
@@ -241,7 +276,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
             ctx.input_q = replace(a, data=None, scale=None)  # wgrad transposes these codes
             ctx.save_for_backward(weight, a.data, a.scale)
         elif cfg.save_quantized_input and wg.b.scheme is not None:
-            input_t = SHARED_OPERANDS.prepare(x2, wg.b, wg, 0, dt, amax_in)  # (K, M), along tokens
+            input_t = SHARED_OPERANDS.prepare(x2, wg.b, wg, 0, dt, amax_in, codes=True)  # (K, M), along tokens
             ctx.input_t = replace(input_t, data=None, scale=None, tensor_scale=None)
             ctx.save_for_backward(weight, input_t.data, input_t.scale, input_t.tensor_scale)
         else:

@@ -107,6 +107,26 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
     return plan.finish(codes)
 
 
+def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=None, axis=-1):
+    """(bf16 matrix, per-tensor decode scale or None): the values an emulated GEMM multiplies —
+    `quantize(x, ...).dequantize_matrix(bf16, tensor_scale=False)` and its `tensor_scale` — for
+    a scheme whose values are exact in bf16. 1 × bc and square blocks on the Triton backend
+    make them in one kernel that never stores the codes; otherwise quantize, then dequantize."""
+    scheme_ = get_scheme(scheme)
+    if uses_triton(x):
+        from . import rowblock
+
+        if rowblock.supported(scheme_):
+            check_float_tensor(x)
+            check_rounding(rounding)
+            X = matrix_view(x.detach(), normalize_axis(axis, x.dim()))
+            noise = draw_noise(X.shape, x.device, generator) if rounding == "stochastic" else None
+            values, _, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, noise, values=True)
+            return values, tensor_scale
+    q = quantize(x, scheme_, rounding=rounding, generator=generator, axis=axis)
+    return dequantize_matrix(q, torch.bfloat16, tensor_scale=False), q.tensor_scale
+
+
 def dequantize_matrix(q: QuantizedTensor, dtype: torch.dtype = torch.float32, *,
                       tensor_scale: bool = True) -> torch.Tensor:
     """`q.dequantize_matrix(dtype, tensor_scale=...)`, in one Triton kernel where the backend
@@ -120,4 +140,4 @@ def dequantize_matrix(q: QuantizedTensor, dtype: torch.dtype = torch.float32, *,
 
 
 __all__ = ["BACKENDS", "set_backend", "backend", "triton_available", "uses_triton", "quantize",
-           "dequantize_matrix"]
+           "quantized_values", "dequantize_matrix"]

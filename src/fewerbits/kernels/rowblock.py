@@ -28,9 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..codes import code_table
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
-from .cast import _encode_store, format_constants
+from .cast import _encode_store, _round_codes, format_constants
 
 RULES = {"amax": 0, "floor": 1, "ceil": 2, "even": 3, "rceil": 4, "two_level": 5}
 
@@ -50,7 +51,7 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
                      BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
                      BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
                      SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
-                     X_BF16: tl.constexpr, BR: tl.constexpr):
+                     X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr):
     NB: tl.constexpr = TILE_C // BC
     rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
     cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
@@ -142,8 +143,21 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
     else:
         v = tl.div_rn(x, f)
     v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
-    _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor, TILE_R, TILE_C,
-                  STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
+    if VALUES:  # the dequantized values instead of the codes: code value × block scale, to bf16
+        noise = 0
+        if STOCHASTIC:
+            noise = tl.load(noise_ptr + rows[:, None] * snr + cols[None, :] * snc, mask=inside, other=0)
+        code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
+        s3 = tl.broadcast_to(scale[:, :, None], (TILE_R, NB, BC))
+        values = tl.load(elem_table + code) * tl.reshape(s3, (TILE_R, TILE_C))
+        b = values.to(tl.uint32, bitcast=True)  # to bf16, nearest even on the bits (as dequant.py)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        b = tl.where(values != values, 0x7FC0, b)
+        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], b.to(tl.uint16).to(tl.bfloat16, bitcast=True),
+                 mask=inside)
+    else:
+        _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor, TILE_R, TILE_C,
+                      STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
 
 
 def _bits(X: torch.Tensor) -> torch.Tensor:
@@ -164,16 +178,22 @@ def supported(scheme: Scheme) -> bool:
 
 
 def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | None, *,
-                       tile_r: int = 16, tile_c: int = 128):
+                       tile_r: int = 16, tile_c: int = 128, values: bool = False):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Scales are stored as QuantizedTensor stores them: uint8 codes for E8M0 / E4M3, else fp32.
+    values=True: instead of the codes, the (R, C) bf16 matrix of the dequantized values
+    without the per-tensor scale — `dequantize_matrix(bf16, tensor_scale=False)` of the
+    codes, bit for bit, where those values are exact in bf16 (the caller's condition).
     """
     R, C = X.shape
     elem, (br, bc) = scheme.elem, scheme.block
-    pack = elem.bits == 4
+    pack = elem.bits == 4 and not values
     nb = -(-C // bc)
-    codes = torch.empty(R, (C + 1) // 2 if pack else C, dtype=torch.uint8, device=X.device)
+    if values:
+        codes = torch.empty(R, C, dtype=torch.bfloat16, device=X.device)
+    else:
+        codes = torch.empty(R, (C + 1) // 2 if pack else C, dtype=torch.uint8, device=X.device)
     scale_codes = scheme.scale_fmt.bits <= 8
     scales = torch.empty(-(-R // br), nb, dtype=torch.uint8 if scale_codes else torch.float32, device=X.device)
     if br > 1:  # a tile is one block row
@@ -189,12 +209,13 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | No
     if X.numel() == 0:
         return codes, scales, s_dec
     rule = "two_level" if scheme.two_level else scheme.scale_rule
-    _launch(X, noise, codes, scales, scheme, rule, tensor_scales, scales, bc, 0, scale_codes, tile_r, tile_c, br)
+    _launch(X, noise, codes, scales, scheme, rule, tensor_scales, scales, bc, 0, scale_codes, tile_r, tile_c, br,
+            values)
     return codes, scales, s_dec
 
 
 def _launch(X, noise, codes, scales, scheme: Scheme, rule: str, tensor_scales, amax, bc: int, amax_mode: int,
-            scale_codes: bool, tile_r: int, tile_c: int, br: int = 1) -> None:
+            scale_codes: bool, tile_r: int, tile_c: int, br: int = 1, values: bool = False) -> None:
     """One launch of the kernel over X (R, C); `tensor_scales` and `amax` are read only by the
     two-level rule and the amax modes."""
     R, C = X.shape
@@ -207,7 +228,8 @@ def _launch(X, noise, codes, scales, scheme: Scheme, rule: str, tensor_scales, a
         BC=bc, TILE_R=tile_r, TILE_C=tile_c, RULE=RULES[rule],
         KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
         STOCHASTIC=noise is not None, PACK=2 if elem.bits == 4 else 1, SCALE_CODES=scale_codes,
-        AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, BR=br, **format_constants(elem),
+        AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, BR=br,
+        elem_table=code_table(elem, X.device) if values else X, VALUES=values, **format_constants(elem),
         num_warps=8 if tile_r * tile_c >= 64 * 128 else 4,
     )
 
