@@ -432,27 +432,39 @@ def _adamw_reference(params, states, lr, b1, b2, eps, wd, state_dtype):
         p.add_(update.to(p.dtype), alpha=-lr)
 
 
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-def test_adamw_equals_the_single_tensor_formula_bit_for_bit(state_dtype):
-    torch.manual_seed(0)
-    shapes = [(33, 17), (64,), (5, 3, 2), (1,)]
-    ours = [torch.randn(s, requires_grad=True) for s in shapes]
-    ref = [p.detach().clone().requires_grad_() for p in ours]
-    opt = fb.train.optim.AdamW([{"params": ours[:2], "weight_decay": 0.1}, {"params": ours[2:], "weight_decay": 0.0}],
-                               lr=3e-3, state_dtype=state_dtype)
+def _adamw_steps(opt, ours, ref, state_dtype, device="cpu"):
+    """Six steps of `opt` on `ours` and of the single-tensor formula on `ref` with the same
+    gradients (seven orders of magnitude; parameter 1 skips step 2; the first two parameters
+    decay, the others not): yields the formula's states after each step."""
     states = [{} for _ in ref]
     for step in range(6):
         for i, (a, b) in enumerate(zip(ours, ref)):
             if step == 2 and i == 1:  # a parameter without a gradient this step falls behind by one
                 a.grad = b.grad = None
                 continue
-            g = torch.randn(a.shape) * 10 ** (step - 3)
+            g = torch.randn(a.shape, device=device) * 10 ** (step - 3)
             a.grad, b.grad = g.clone(), g.clone()
         opt.step()
         live = [i for i, b in enumerate(ref) if b.grad is not None]
         for wd, idx in ((0.1, [0, 1]), (0.0, [2, 3])):
             use = [i for i in idx if i in live]
             _adamw_reference([ref[i] for i in use], [states[i] for i in use], 3e-3, 0.9, 0.95, 1e-8, wd, state_dtype)
+        yield states
+
+
+def _adamw_case(shapes, state_dtype, device="cpu", **kw):
+    torch.manual_seed(0)
+    ours = [torch.randn(s, device=device, requires_grad=True) for s in shapes]
+    ref = [p.detach().clone().requires_grad_() for p in ours]
+    opt = fb.train.optim.AdamW([{"params": ours[:2], "weight_decay": 0.1}, {"params": ours[2:], "weight_decay": 0.0}],
+                               lr=3e-3, state_dtype=state_dtype, **kw)
+    return opt, ours, ref
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_adamw_equals_the_single_tensor_formula_bit_for_bit(state_dtype):
+    opt, ours, ref = _adamw_case([(33, 17), (64,), (5, 3, 2), (1,)], state_dtype, fused=False)
+    for _ in _adamw_steps(opt, ours, ref, state_dtype):
         for a, b in zip(ours, ref):
             assert torch.equal(a, b)
     assert opt.state[ours[1]]["step"].item() == 5 and opt.state[ours[0]]["step"].item() == 6
@@ -464,25 +476,9 @@ def test_fused_adamw_kernel_follows_the_formula(state_dtype):
     single-tensor formula, over steps whose gradients span seven orders of magnitude, a
     parameter that skips a step, and a group without weight decay."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(0)
-    shapes = [(33, 17), (4099,), (5, 3, 2), (1,)]  # 4099: more than one program, a ragged end
-    ours = [torch.randn(s, device=device, requires_grad=True) for s in shapes]
-    ref = [p.detach().clone().requires_grad_() for p in ours]
-    opt = fb.train.optim.AdamW([{"params": ours[:2], "weight_decay": 0.1}, {"params": ours[2:], "weight_decay": 0.0}],
-                               lr=3e-3, state_dtype=state_dtype, fused=True)
-    states = [{} for _ in ref]
-    for step in range(6):
-        for i, (a, b) in enumerate(zip(ours, ref)):
-            if step == 2 and i == 1:
-                a.grad = b.grad = None
-                continue
-            g = torch.randn(a.shape, device=device) * 10 ** (step - 3)
-            a.grad, b.grad = g.clone(), g.clone()
-        opt.step()
-        live = [i for i, b in enumerate(ref) if b.grad is not None]
-        for wd, idx in ((0.1, [0, 1]), (0.0, [2, 3])):
-            use = [i for i in idx if i in live]
-            _adamw_reference([ref[i] for i in use], [states[i] for i in use], 3e-3, 0.9, 0.95, 1e-8, wd, state_dtype)
+    # 4099: more than one program, a ragged end
+    opt, ours, ref = _adamw_case([(33, 17), (4099,), (5, 3, 2), (1,)], state_dtype, device, fused=True)
+    for states in _adamw_steps(opt, ours, ref, state_dtype, device):
         # every operation rounded once, as in the formula; CPU and GPU torch contract some into
         # fused multiply-adds, so the states may differ in their last bit, and the parameters by
         # a few ulps of themselves or of the step lr·u. bf16 states: a last-bit difference can
