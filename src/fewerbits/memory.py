@@ -32,10 +32,12 @@ d model width, f MLP width, H query heads, c bytes of the compute dtype:
     SwiGLU              its input (cTd), gate output, silu output, up output, down input (4cTf)
 
 A Linear saves its compute-dtype input (quantization happens on the fly) — except under
-per-tensor FP8, where it saves the input's forward codes: 1 byte per element and a 4-byte scale. Data parallelism shards states (ZeRO-1),
-plus gradients (ZeRO-2), plus master weights (ZeRO-3 / FSDP); tensor parallelism splits the
-block and vocabulary matrices and the activations inside attention and the MLP (Megatron style,
-no sequence parallelism). Mixture-of-experts activations assume even routing.
+per-tensor FP8, where it saves the input's forward codes (1 byte per element and a 4-byte
+scale), and with `save_quantized_input`, where it saves the column-wise quantized copy (codes
+and block scales). Data parallelism shards states (ZeRO-1), plus gradients (ZeRO-2), plus
+master weights (ZeRO-3 / FSDP); tensor parallelism splits the block and vocabulary matrices and
+the activations inside attention and the MLP (Megatron style, no sequence parallelism).
+Mixture-of-experts activations assume even routing.
 """
 
 from __future__ import annotations
