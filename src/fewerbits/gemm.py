@@ -178,15 +178,24 @@ def emulated_matmul(a: QuantizedTensor, b: QuantizedTensor, out_dtype=torch.bflo
     if on_gpu and _bf16_exact(a) and _bf16_exact(b):
         A = kernels.dequantize_matrix(a, torch.bfloat16, tensor_scale=False)
         B = kernels.dequantize_matrix(b, torch.bfloat16, tensor_scale=False)
-        out = mm_fp32_out(A, B.t())
-    else:
-        A = kernels.dequantize_matrix(a, tensor_scale=False)
-        B = kernels.dequantize_matrix(b, tensor_scale=False)
-        with full_fp32():
-            out = A @ B.t()
-    for q in (a, b):  # per-tensor scales (NVFP4) multiply the fp32 accumulator
-        if q.tensor_scale is not None:
-            out = out * q.tensor_scale
+        return values_matmul(A, B, (a.tensor_scale, b.tensor_scale), out_dtype)
+    A = kernels.dequantize_matrix(a, tensor_scale=False)
+    B = kernels.dequantize_matrix(b, tensor_scale=False)
+    with full_fp32():
+        out = A @ B.t()
+    return _tensor_scaled(out, (a.tensor_scale, b.tensor_scale), out_dtype)
+
+
+def values_matmul(A: torch.Tensor, B: torch.Tensor, tensor_scales, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """A · Bᵀ of two bf16 matrices of dequantized values, fp32 accumulation, then the per-tensor
+    scales (None where there is none) on the fp32 result: the emulated GEMM's bf16 path."""
+    return _tensor_scaled(mm_fp32_out(A, B.t()), tensor_scales, out_dtype)
+
+
+def _tensor_scaled(out: torch.Tensor, tensor_scales, out_dtype) -> torch.Tensor:
+    for ts in tensor_scales:  # per-tensor scales (NVFP4) multiply the fp32 accumulator
+        if ts is not None:
+            out = out * ts
     return out.to(out_dtype)
 
 

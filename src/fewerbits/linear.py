@@ -47,7 +47,7 @@ import torch
 import torch.nn as nn
 
 from . import kernels
-from .gemm import emulated_in_bf16, full_fp32, mm_fp32_out, scaled_matmul
+from .gemm import emulated_in_bf16, full_fp32, mm_fp32_out, scaled_matmul, values_matmul
 from .quantize import QuantizedTensor, quantize
 from .recipes import DelayedScaling, Gemm, Operand, Recipe, get_recipe
 from .schemes import get_scheme
@@ -197,11 +197,7 @@ def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native) -> torch.Tenso
     if isinstance(a, _Values) or isinstance(b, _Values):  # gemm.emulated_matmul's bf16 path
         A, B = (o.matrix if isinstance(o, _Values) else kernels.dequantize_matrix(o, torch.bfloat16, tensor_scale=False)
                 for o in (a, b))
-        out = mm_fp32_out(A, B.t())
-        for o in (a, b):  # per-tensor scales (NVFP4) multiply the fp32 accumulator
-            if o.tensor_scale is not None:
-                out = out * o.tensor_scale
-        return out.to(out_dtype)
+        return values_matmul(A, B, (a.tensor_scale, b.tensor_scale), out_dtype)
     if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor):
         return scaled_matmul(a, b, out_dtype=out_dtype, native=native)
     dtype = recipe.compute_dtype

@@ -66,6 +66,16 @@ def uses_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and triton_available() and not torch.compiler.is_compiling()
 
 
+def _matrix_and_noise(x: torch.Tensor, rounding: str, generator, axis: int):
+    """The reference's checks, then (axis, the (R, C) view with `axis` last, the stochastic-
+    rounding noise the reference would draw, or None)."""
+    check_float_tensor(x)
+    check_rounding(rounding)
+    ax = normalize_axis(axis, x.dim())
+    X = matrix_view(x.detach(), ax)
+    return ax, X, draw_noise(X.shape, x.device, generator) if rounding == "stochastic" else None
+
+
 def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", generator=None,
              axis=-1, amax=None) -> QuantizedTensor:
     """`fewerbits.quantize` with Triton kernels where the backend says so (same arguments)."""
@@ -77,22 +87,14 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
 
     scheme_ = get_scheme(scheme, scale_rule)
     if rowblock.supported(scheme_) and amax is None:  # amax, scales and codes in one kernel
-        check_float_tensor(x)
-        check_rounding(rounding)
-        ax = normalize_axis(axis, x.dim())
-        X = matrix_view(x.detach(), ax)
-        noise = draw_noise(X.shape, x.device, generator) if rounding == "stochastic" else None
+        ax, X, noise = _matrix_and_noise(x, rounding, generator, axis)
         codes, scales, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, noise)
         if scheme_.elem.bits == 6:
             codes = pack(codes, scheme_.elem)
         return QuantizedTensor(codes, scales, scheme_, x.shape, ax, tensor_scale)
 
     if rowblock.amax_supported(scheme_) and x.numel():  # one reduction, then one kernel
-        check_float_tensor(x)
-        check_rounding(rounding)
-        ax = normalize_axis(axis, x.dim())
-        X = matrix_view(x.detach(), ax)
-        noise = draw_noise(X.shape, x.device, generator) if rounding == "stochastic" else None
+        ax, X, noise = _matrix_and_noise(x, rounding, generator, axis)
         codes, scales = rowblock.quantize_with_amax(X, scheme_, noise, amax)
         if scheme_.elem.bits == 6:
             codes = pack(codes, scheme_.elem)
@@ -117,10 +119,7 @@ def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=N
         from . import rowblock
 
         if rowblock.supported(scheme_):
-            check_float_tensor(x)
-            check_rounding(rounding)
-            X = matrix_view(x.detach(), normalize_axis(axis, x.dim()))
-            noise = draw_noise(X.shape, x.device, generator) if rounding == "stochastic" else None
+            _, X, noise = _matrix_and_noise(x, rounding, generator, axis)
             values, _, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, noise, values=True)
             return values, tensor_scale
     q = quantize(x, scheme_, rounding=rounding, generator=generator, axis=axis)

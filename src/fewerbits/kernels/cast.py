@@ -58,15 +58,32 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
 
 
 @triton.jit
+def _load_noise(noise_ptr, rows, cols, inside, snr, snc, STOCHASTIC: tl.constexpr):
+    """A tile of the int32 stochastic-rounding noise (0 when rounding to nearest)."""
+    noise = 0
+    if STOCHASTIC:
+        noise = tl.load(noise_ptr + rows[:, None] * snr + cols[None, :] * snc, mask=inside, other=0)
+    return noise
+
+
+@triton.jit
+def _to_bf16(values):
+    """fp32 to bf16, nearest even on the bit pattern (the same on a GPU and in the interpreter);
+    NaN becomes the positive quiet NaN."""
+    b = values.to(tl.uint32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    b = tl.where(values != values, 0x7FC0, b)
+    return b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor,
                   TILE_R: tl.constexpr, TILE_C: tl.constexpr, STOCHASTIC: tl.constexpr, PACK: tl.constexpr,
                   E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
                   NAN_CODE: tl.constexpr, IS_INT: tl.constexpr):
     """Round a tile of scaled values to codes and store them (fp4: two a byte)."""
-    noise = 0
-    if STOCHASTIC:
-        noise = tl.load(noise_ptr + rows[:, None] * snr + cols[None, :] * snc, mask=inside, other=0)
+    noise = _load_noise(noise_ptr, rows, cols, inside, snr, snc, STOCHASTIC)
     code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
     if PACK == 2:  # two codes a byte, the first in the low nibble; padding columns are code 0
         lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))

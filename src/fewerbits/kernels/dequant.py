@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ..codes import code_table
 from ..quantize import QuantizedTensor, _block_shape
+from .cast import _to_bf16
 
 _OUT = (torch.float32, torch.bfloat16)
 
@@ -49,11 +50,8 @@ def _dequant_kernel(code_ptr, scale_ptr, elem_table, scale_table, ts_ptr, out_pt
     values = values * scale
     if TENSOR_SCALE:
         values = values * tl.load(ts_ptr)
-    if OUT_BF16:  # round to nearest even on the bit pattern (the same on a GPU and in the interpreter)
-        b = values.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-        b = tl.where(values != values, 0x7FC0, b)
-        out = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    if OUT_BF16:
+        out = _to_bf16(values)
     else:
         out = values
     tl.store(out_ptr + rows[:, None] * sor + cols[None, :], out, mask=inside)

@@ -31,7 +31,7 @@ import triton.language as tl
 from ..codes import code_table
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
-from .cast import _encode_store, _round_codes, format_constants
+from .cast import _encode_store, _load_noise, _round_codes, _to_bf16, format_constants
 
 RULES = {"amax": 0, "floor": 1, "ceil": 2, "even": 3, "rceil": 4, "two_level": 5}
 
@@ -144,17 +144,11 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
         v = tl.div_rn(x, f)
     v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
     if VALUES:  # the dequantized values instead of the codes: code value × block scale, to bf16
-        noise = 0
-        if STOCHASTIC:
-            noise = tl.load(noise_ptr + rows[:, None] * snr + cols[None, :] * snc, mask=inside, other=0)
+        noise = _load_noise(noise_ptr, rows, cols, inside, snr, snc, STOCHASTIC)
         code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
         s3 = tl.broadcast_to(scale[:, :, None], (TILE_R, NB, BC))
         values = tl.load(elem_table + code) * tl.reshape(s3, (TILE_R, TILE_C))
-        b = values.to(tl.uint32, bitcast=True)  # to bf16, nearest even on the bits (as dequant.py)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-        b = tl.where(values != values, 0x7FC0, b)
-        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], b.to(tl.uint16).to(tl.bfloat16, bitcast=True),
-                 mask=inside)
+        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], _to_bf16(values), mask=inside)
     else:
         _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor, TILE_R, TILE_C,
                       STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
