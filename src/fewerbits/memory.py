@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -183,6 +182,7 @@ class Inventory:
     buffers: int  #: bytes of the model's own buffers (rotary tables)
     recipe_state: int  #: bytes of the recipe's buffers (delayed scaling's amax histories)
     linears: list  #: (name, in_features, out_features, the recipe the layer runs)
+    quantized_blocks: int  #: blocks whose Linears run the recipe (the others: its compute dtype)
 
 
 def inventory(cfg: ModelConfig, recipe: Recipe) -> Inventory:
@@ -203,7 +203,9 @@ def inventory(cfg: ModelConfig, recipe: Recipe) -> Inventory:
     buffers = sum(b.nbytes for n, b in model.named_buffers() if ".delayed_scaling." not in n)
     linears = [(n, m.in_features, m.out_features, m.recipe) for n, m in model.named_modules()
                if isinstance(m, QuantizedLinear)]
-    return Inventory(params, buffers, state, linears)
+    quantized = sum(any(isinstance(m, QuantizedLinear) and m.recipe.name == recipe.name for m in block.modules())
+                    for block in model.layers)
+    return Inventory(params, buffers, state, linears, quantized)
 
 
 # -- the estimate -------------------------------------------------------------------------------
@@ -259,9 +261,8 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
     items["recipe state (amax histories)"] = inv.recipe_state
     items["model buffers"] = inv.buffers
     compute_name = str(recipe.compute_dtype).removeprefix("torch.")
-    q_blocks = len({int(m.group(1)) for name, _, _, r in inv.linears
-                    if r.name == recipe.name and (m := re.match(r"layers\.(\d+)\.", name))})
-    acts = _activations(cfg, recipe, batch_size * seq_len, checkpointing, tp, save_quantized_input, q_blocks)
+    acts = _activations(cfg, recipe, batch_size * seq_len, checkpointing, tp, save_quantized_input,
+                        inv.quantized_blocks)
     for kind, b in _by_dtype(acts, compute_name).items():
         items[f"activations, {kind}"] = b
     tokens = batch_size * seq_len
