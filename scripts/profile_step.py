@@ -2,9 +2,10 @@
 
     PYTHONPATH=src python3 scripts/profile_step.py [--preset llama3-8b-8layers]
         [--batch-size 4] [--seq-len 2048] [--recipes bf16 fp8_tensorwise] [--steps 2]
-        [--top 30] [--trace-dir DIR]
+        [--top 30] [--trace-dir DIR] [--compile]
 
-The step is `fewerbits bench train`'s (forward, cross-entropy, backward, clipping, AdamW).
+The step is `fewerbits bench train`'s (forward, cross-entropy, backward, clipping, AdamW);
+with --compile the model is compiled as in `bench train --compile` (the optimizer stays eager).
 For each recipe it prints the kernels by total GPU time and a summary by kind (GEMM, FP8
 GEMM, Triton casts, elementwise/reduction, optimizer, copies), per step.
 """
@@ -47,6 +48,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--trace-dir", default=None)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model, as bench train --compile")
     args = p.parse_args(argv)
     device = torch.device("cuda")
     model_cfg = get_preset(args.preset, 8192)
@@ -68,9 +70,10 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
     apply_recipe(model, recipe, device=device)
     opt = AdamW(param_groups(model, 0.1), lr=1e-4)
     params = [q for q in model.parameters() if q.requires_grad]
+    step_model = torch.compile(model) if args.compile else model
 
     def step():
-        logits = model(x)
+        logits = step_model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -90,7 +93,7 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
             rows.append((t / args.steps / 1e3, e.count // args.steps, e.key))
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
-    print(f"\n=== {recipe}: {total:.1f} ms of kernels per step, {wall:.1f} ms per step "
+    print(f"\n=== {recipe}{' (compiled)' if args.compile else ''}: {total:.1f} ms of kernels per step, {wall:.1f} ms per step "
           "(median of 5) ===")
     by_kind: dict[str, float] = {}
     for ms, _, name in rows:
@@ -102,6 +105,8 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
         print(f"  {ms:8.2f} {n:5d}  {name[:150]}")
     if args.trace_dir:
         prof.export_chrome_trace(f"{args.trace_dir}/{recipe}.json")
+    if args.compile:
+        torch._dynamo.reset()
 
 
 if __name__ == "__main__":
