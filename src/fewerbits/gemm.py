@@ -63,8 +63,8 @@ def native_reason(a: QuantizedTensor, b: QuantizedTensor) -> str | None:
     if dev.type != "cuda":
         return f"device {dev} has no FP8 matrix units (native FP8 needs a CUDA GPU of capability 9.x)"
     cap = torch.cuda.get_device_capability(dev)
-    name = torch.cuda.get_device_name(dev)
-    if cap[0] != 9:
+    if cap[0] != 9:  # (the name only here: torch.compile cannot trace a call that returns a str)
+        name = torch.cuda.get_device_name(dev)
         return f"{name} (sm_{cap[0]}{cap[1]}) is not a Hopper GPU; fewerbits' native FP8 paths are measured on sm_90"
     ka, kb = _kind(a), _kind(b)
     pair = (ka, kb)

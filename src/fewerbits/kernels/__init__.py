@@ -52,8 +52,11 @@ def backend() -> str:
     return _backend
 
 
+_TRITON = importlib.util.find_spec("triton") is not None  # looked up once: torch.compile cannot trace find_spec
+
+
 def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON
 
 
 def uses_triton(x: torch.Tensor) -> bool:
@@ -63,7 +66,7 @@ def uses_triton(x: torch.Tensor) -> bool:
         return True
     # "auto": not inside a graph torch.compile traces, whose compiler fuses the reference's
     # operations itself (into kernels of its own; the bits are the reference's either way)
-    return x.is_cuda and triton_available() and not torch.compiler.is_compiling()
+    return x.is_cuda and not torch.compiler.is_compiling() and triton_available()
 
 
 def _matrix_and_noise(x: torch.Tensor, rounding: str, generator, axis: int):
