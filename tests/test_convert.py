@@ -163,20 +163,23 @@ def test_torch_compile_of_a_converted_model():
 
 
 @pytest.mark.parametrize("scheme", ["fp8_e4m3_tensor", "mxfp8_e4m3", "nvfp4"])
-def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme):
+@pytest.mark.parametrize("axis", [1, 0])
+def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme, axis):
     """The quantizer compiled by inductor (C++ on a CPU; inside a compiled model on a GPU, where
-    the Triton fast paths stay out of the graph) gives the reference's bits; compiled, the
-    element pass runs over all rows at once, eagerly in slices."""
+    the Triton fast paths stay out of the graph) gives the reference's bits, in the reference's
+    row-major layout (the native GEMMs read the codes by their strides); compiled, the element
+    pass runs over all rows at once, eagerly in slices."""
     torch._dynamo.reset()
     x = torch.randn(1300, 640, generator=torch.Generator().manual_seed(3)).bfloat16() * 5
     x[7, 11] = float("nan")
 
     def q(t):
-        out = fb.quantize(t, scheme)
+        out = fb.quantize(t, scheme, axis=axis)
         return out.data, out.scale
 
     data, scale = torch.compile(q, fullgraph=True)(x)
-    ref = fb.quantize(x, scheme)
+    ref = fb.quantize(x, scheme, axis=axis)
     assert torch.equal(data, ref.data)
+    assert data.is_contiguous() and ref.data.is_contiguous()
     assert torch.equal(scale.view(torch.uint8) if scale.dtype == torch.uint8 else scale.view(torch.int32),
                        ref.scale.view(torch.uint8) if ref.scale.dtype == torch.uint8 else ref.scale.view(torch.int32))

@@ -183,7 +183,9 @@ def assemble(data, scales, scheme: Scheme, shape, axis: int, tensor_scale=None) 
         stored = round_to_codes(scales.to(work_dtype(scales.dtype, fmt)), fmt)
     else:
         stored = scales.float()
-    return QuantizedTensor(data, stored, scheme, shape, axis, tensor_scale)
+    # row-major (R, C) codes, as the native GEMMs read them; a no-op eagerly, and in a compiled
+    # graph it keeps the compiler from returning the transposed view of an axis-0 quantization
+    return QuantizedTensor(data.contiguous(), stored, scheme, shape, axis, tensor_scale)
 
 
 def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None, axis=-1, amax=None) -> Plan:
