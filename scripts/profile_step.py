@@ -18,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import fewerbits.bench as bench
 from fewerbits.benchmark import time_ms
+from fewerbits.convert import compile_model as fb_compile
 from fewerbits.models import Llama, get_preset
 from fewerbits.train.precision import apply_recipe
 
@@ -70,7 +71,7 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
     apply_recipe(model, recipe, device=device)
     opt = AdamW(param_groups(model, 0.1), lr=1e-4)
     params = [q for q in model.parameters() if q.requires_grad]
-    step_model = torch.compile(model) if args.compile else model
+    step_model = fb_compile(model) if args.compile else model
 
     def step():
         logits = step_model(x)

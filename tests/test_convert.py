@@ -162,6 +162,26 @@ def test_torch_compile_of_a_converted_model():
     assert torch.equal(model.layers[0].mlp[0].weight.grad, grad)
 
 
+def test_compile_model_gives_eager_bits_through_inductor():
+    """Two FP8 Linears compiled by inductor: the second quantizes the first's bf16 output, which
+    inductor would keep in fp32 inside a fused kernel; compile_model makes it round as eager
+    mode does, so outputs and gradients are eager mode's bits."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 1024, bias=False), nn.Linear(1024, 512, bias=False))
+    fb.convert(model, "fp8_tensorwise", policy=fb.Policy(keep=(), min_features=0))
+    x = torch.randn(256, 512, dtype=torch.bfloat16)
+    eager = model(x)
+    eager.float().square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    out = fb.compile_model(model)(x)
+    out.float().square().sum().backward()
+    assert torch.equal(out, eager)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    torch._dynamo.reset()
+
+
 def test_the_fp32_output_product_is_one_traceable_operator():
     """mm_fp32_out (bf16 operands, fp32 accumulation and result) is an operator of its own, so
     torch.compile takes it whole where it cannot trace torch.mm(out_dtype=) (CUDA)."""

@@ -155,35 +155,30 @@ def test_every_recipe_trains_on_cuda(name):
     assert cos > 0.95
 
 
-def test_inductor_compiles_a_converted_model_on_cuda():
+@pytest.mark.parametrize("name", ["fp8_tensorwise", "fp8_rowwise", "fp8_blockwise", "mxfp8", "nvfp4_naive", "nvfp4"])
+def test_inductor_compiles_a_converted_model_on_cuda(name):
+    """Forward and backward of a model compiled with compile_model (native FP8 GEMMs on
+    operands that inductor quantized) against eager mode, which quantizes with the Triton
+    kernels: the same bits up to the order of fp32 sums. nvfp4 rounds its gradients
+    stochastically, with other noise compiled than eager: its gradients are only checked to be
+    finite (nvfp4_naive checks the same formats without the noise)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 512)).cuda()
-    fb.convert(model, "fp8_tensorwise", policy=fb.Policy(keep=(), min_features=0))
+    model = nn.Sequential(nn.Linear(512, 1024, bias=False), nn.Linear(1024, 512, bias=False)).cuda()
+    fb.convert(model, name, policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
     x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
     eager = model(x)
-    out = torch.compile(model)(x)
-    out.float().sum().backward()
-    rel = ((out.float() - eager.float()).norm() / eager.float().norm()).item()
-    assert rel < 1e-2
-
-
-@pytest.mark.parametrize("name", ["bf16", "fp8_tensorwise", "fp8_delayed", "fp8_rowwise", "fp8_blockwise",
-                                  "mxfp8", "mxfp4", "nvfp4"])
-def test_the_trainers_model_compiles_to_one_graph_on_cuda(name):
-    """On a GPU the quantized Linears take other paths than on a CPU (Triton kernels, native
-    FP8 GEMMs): none of them may break the graph, or torch.compile runs most of a step eagerly."""
-    from fewerbits.models import Llama, ModelConfig
-    from fewerbits.train.precision import apply_recipe
-
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    cfg = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=512, max_seq_len=128)
-    model = Llama(cfg).cuda()
-    apply_recipe(model, name, policy=fb.Policy(min_features=0, keep_last_blocks=0), device="cuda")
-    ids = torch.randint(0, 512, (2, 128), device="cuda")
-    explained = torch._dynamo.explain(model)(ids)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
+    eager.float().square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    out = fb.compile_model(model)(x)
+    out.float().square().sum().backward()
+    assert rel(out, eager) < 1e-3
+    if fb.get_recipe(name).dgrad.a.rounding == "stochastic":
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    else:
+        assert all(rel(p.grad, g) < 1e-3 for p, g in zip(model.parameters(), grads))
     torch._dynamo.reset()
 
 

@@ -14,12 +14,13 @@ Quantized training:
     RECIPES, Recipe, get_recipe           the precision of each operand of a Linear's 3 GEMMs
     QuantizedLinear                       nn.Linear whose GEMMs follow a recipe
     convert(model, recipe, policy=...)    swap nn.Linear in place; returns a ConversionReport
+    compile_model(model)                  torch.compile that keeps eager mode's quantized bits
 """
 
 __version__ = "0.1.0"
 
 from .codes import decode, encode, pack, unpack
-from .convert import ConversionReport, Policy, convert
+from .convert import ConversionReport, Policy, compile_model, convert
 from .formats import FORMATS, FloatFormat, get_format
 from .gemm import scaled_matmul
 from .hadamard import Hadamard
@@ -58,6 +59,7 @@ __all__ = [
     "get_recipe",
     "QuantizedLinear",
     "convert",
+    "compile_model",
     "Policy",
     "ConversionReport",
 ]

@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .benchmark import time_ms
+from .convert import compile_model
 from .hardware import device_name, resolve_device
 from .recipes import Recipe, get_recipe
 
@@ -246,7 +247,7 @@ def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> floa
 
     opt = AdamW(param_groups(model, 0.1), lr=1e-4)
     params = [p for p in model.parameters() if p.requires_grad]
-    step_model = torch.compile(model) if cfg.compile else model
+    step_model = compile_model(model) if cfg.compile else model
 
     def step():
         with torch.autocast(device.type, torch.bfloat16, enabled=autocast):

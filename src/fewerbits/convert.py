@@ -187,6 +187,18 @@ def convert(
     return report
 
 
+def compile_model(model: nn.Module, **kwargs):
+    """torch.compile(model) with the quantizers seeing what eager mode sees.
+
+    Inductor keeps the intermediate values of a fused kernel in fp32 unless asked to round them
+    where the program casts (its `emulate_precision_casts` option): a Linear's bf16 output,
+    fused into the next Linear's quantizer, would be quantized unrounded, and the codes would
+    differ from eager mode's. Compiled with this option, a converted model gives eager mode's
+    bits (tests/test_convert.py). Other keyword arguments go to torch.compile."""
+    options = {"emulate_precision_casts": True, **kwargs.pop("options", {})}
+    return torch.compile(model, options=options, **kwargs)
+
+
 def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..convert import Policy
+from ..convert import Policy, compile_model
 from ..hardware import resolve_device
 from ..linear import QuantizedLinear
 from ..models import Llama, get_preset
@@ -237,7 +237,7 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     if cfg.grad_accum > 1:  # the micro-batches of a step share each quantized weight
         set_weight_cache(model, True)
-    step_model = torch.compile(model) if cfg.compile else model
+    step_model = compile_model(model) if cfg.compile else model
     windows = eval_windows(data.val, cfg.eval_windows, cfg.seq_len)
     params = [p for p in model.parameters() if p.requires_grad]
     progress = Progress(cfg.steps, f"{recipe.name} ", cfg.progress)
