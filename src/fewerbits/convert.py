@@ -194,8 +194,13 @@ def compile_model(model: nn.Module, **kwargs):
     where the program casts (its `emulate_precision_casts` option): a Linear's bf16 output,
     fused into the next Linear's quantizer, would be quantized unrounded, and the codes would
     differ from eager mode's. Compiled with this option, a converted model gives eager mode's
-    bits (tests/test_convert.py). Other keyword arguments go to torch.compile."""
-    options = {"emulate_precision_casts": True, **kwargs.pop("options", {})}
+    bits (tests/test_convert.py). Other keyword arguments go to torch.compile; a `mode` is
+    passed on as its inductor options, and a backend other than inductor gets none."""
+    if kwargs.get("backend", "inductor") != "inductor":
+        return torch.compile(model, **kwargs)
+    mode = kwargs.pop("mode", None)
+    options = dict(torch._inductor.list_mode_options(mode)) if mode else {}
+    options.update({"emulate_precision_casts": True, **kwargs.pop("options", {})})
     return torch.compile(model, options=options, **kwargs)
 
 
