@@ -162,23 +162,35 @@ def test_torch_compile_of_a_converted_model():
     assert torch.equal(model.layers[0].mlp[0].weight.grad, grad)
 
 
-def test_compile_model_gives_eager_bits_through_inductor():
-    """Two FP8 Linears compiled by inductor: the second quantizes the first's bf16 output, which
-    inductor would keep in fp32 inside a fused kernel; compile_model makes it round as eager
-    mode does, so outputs and gradients are eager mode's bits."""
-    torch._dynamo.reset()
+def two_linears(recipe: str, device: str = "cpu") -> nn.Module:
+    """Two bias-free Linears, both converted: the second quantizes the first's bf16 output."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(512, 1024, bias=False), nn.Linear(1024, 512, bias=False))
-    fb.convert(model, "fp8_tensorwise", policy=fb.Policy(keep=(), min_features=0))
-    x = torch.randn(256, 512, dtype=torch.bfloat16)
+    model = nn.Sequential(nn.Linear(512, 1024, bias=False), nn.Linear(1024, 512, bias=False)).to(device)
+    fb.convert(model, recipe, policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
+    return model
+
+
+def eager_then_compiled(model: nn.Module, x: torch.Tensor):
+    """(eager output, its parameter gradients, compiled output, its gradients) for the loss
+    sum(output²), eagerly and then through fb.compile_model."""
     eager = model(x)
     eager.float().square().sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     out = fb.compile_model(model)(x)
     out.float().square().sum().backward()
+    return eager, grads, out, [p.grad for p in model.parameters()]
+
+
+def test_compile_model_gives_eager_bits_through_inductor():
+    """Two FP8 Linears compiled by inductor: the second quantizes the first's bf16 output, which
+    inductor would keep in fp32 inside a fused kernel; compile_model makes it round as eager
+    mode does, so outputs and gradients are eager mode's bits."""
+    torch._dynamo.reset()
+    model = two_linears("fp8_tensorwise")
+    eager, grads, out, compiled_grads = eager_then_compiled(model, torch.randn(256, 512, dtype=torch.bfloat16))
     assert torch.equal(out, eager)
-    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    assert all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
     torch._dynamo.reset()
 
 

@@ -162,23 +162,17 @@ def test_inductor_compiles_a_converted_model_on_cuda(name):
     kernels: the same bits up to the order of fp32 sums. nvfp4 rounds its gradients
     stochastically, with other noise compiled than eager: its gradients are only checked to be
     finite (nvfp4_naive checks the same formats without the noise)."""
+    from test_convert import eager_then_compiled, two_linears
+
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(512, 1024, bias=False), nn.Linear(1024, 512, bias=False)).cuda()
-    fb.convert(model, name, policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
     x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    eager, grads, out, compiled_grads = eager_then_compiled(two_linears(name, "cuda"), x)
     rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
-    eager = model(x)
-    eager.float().square().sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    out = fb.compile_model(model)(x)
-    out.float().square().sum().backward()
     assert rel(out, eager) < 1e-3
     if fb.get_recipe(name).dgrad.a.rounding == "stochastic":
-        assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+        assert all(torch.isfinite(c).all() for c in compiled_grads)
     else:
-        assert all(rel(p.grad, g) < 1e-3 for p, g in zip(model.parameters(), grads))
+        assert all(rel(c, g) < 1e-3 for c, g in zip(compiled_grads, grads))
     torch._dynamo.reset()
 
 
