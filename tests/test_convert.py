@@ -194,20 +194,6 @@ def test_compile_model_gives_eager_bits_through_inductor():
     torch._dynamo.reset()
 
 
-def test_the_fp32_output_product_is_one_traceable_operator():
-    """mm_fp32_out (bf16 operands, fp32 accumulation and result) is an operator of its own, so
-    torch.compile takes it whole where it cannot trace torch.mm(out_dtype=) (CUDA)."""
-    from fewerbits.gemm import mm_fp32_out
-
-    torch._dynamo.reset()
-    g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(48, 80, generator=g).bfloat16(), torch.randn(80, 24, generator=g).bfloat16()
-    out = torch.compile(mm_fp32_out, fullgraph=True)(a, b)
-    assert out.dtype == torch.float32 and torch.equal(out, a.float() @ b.float())
-    with pytest.raises((ValueError, RuntimeError), match="mm_fp32_out takes"):  # the shapes, when traced
-        torch.compile(mm_fp32_out, fullgraph=True)(a, a)
-
-
 @pytest.mark.parametrize("scheme", ["fp8_e4m3_tensor", "mxfp8_e4m3", "nvfp4"])
 @pytest.mark.parametrize("axis", [1, 0])
 def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme, axis):

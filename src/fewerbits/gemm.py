@@ -200,25 +200,10 @@ def _tensor_scaled(out: torch.Tensor, tensor_scales, out_dtype) -> torch.Tensor:
 
 
 def mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """bf16/fp16 × bf16/fp16 with fp32 accumulation and an fp32 result.
-
-    An operator of its own, opaque to torch.compile: the compiler cannot trace
-    `torch.mm(..., out_dtype=)` on CUDA tensors (pytorch/pytorch#159023, #163275)."""
-    return torch.ops.fewerbits.mm_fp32_out(a, b)
-
-
-_HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
-
-
-@torch.library.custom_op("fewerbits::mm_fp32_out", mutates_args=())
-def _mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 × bf16/fp16 with fp32 accumulation and an fp32 result."""
     if a.is_cuda and _HAS_MM_OUT_DTYPE:
         return torch.mm(a, b, out_dtype=torch.float32)
     return a.float() @ b.float()  # the products of bf16 values are exact in fp32
 
 
-@_mm_fp32_out.register_fake
-def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"mm_fp32_out takes (M, K) · (K, N), not {tuple(a.shape)} · {tuple(b.shape)}")
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
+_HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
