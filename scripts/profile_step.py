@@ -18,7 +18,6 @@ from torch.profiler import ProfilerActivity, profile
 
 import fewerbits.bench as bench
 from fewerbits.benchmark import time_ms
-from fewerbits.convert import compile_model as fb_compile
 from fewerbits.models import Llama, get_preset
 from fewerbits.train.precision import apply_recipe
 
@@ -63,24 +62,10 @@ def main(argv=None):
 
 
 def profile_recipe(recipe, model_cfg, x, y, args, device):
-    from fewerbits.train.optim import AdamW, param_groups
-    import torch.nn.functional as F
-
     torch.manual_seed(0)
     model = Llama(model_cfg).to(device)
     apply_recipe(model, recipe, device=device)
-    opt = AdamW(param_groups(model, 0.1), lr=1e-4)
-    params = [q for q in model.parameters() if q.requires_grad]
-    step_model = fb_compile(model) if args.compile else model
-
-    def step():
-        logits = step_model(x)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step = bench.training_step(model, x, y, compile=args.compile, device=device)
     wall = time_ms(step, 5, args.warmup, device)
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):

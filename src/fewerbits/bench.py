@@ -243,11 +243,18 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None) -
 
 
 def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> float:
+    return time_ms(training_step(model, x, y, compile=cfg.compile, device=device, autocast=autocast),
+                   cfg.steps, cfg.warmup, device)
+
+
+def training_step(model, x, y, *, compile: bool, device, autocast: bool = False):
+    """The step `bench train` times, as a function: forward (compiled with `compile_model` if
+    asked; the optimizer stays eager), cross-entropy, backward, clipping, the trainer's AdamW."""
     from .train.optim import AdamW, param_groups
 
     opt = AdamW(param_groups(model, 0.1), lr=1e-4)
     params = [p for p in model.parameters() if p.requires_grad]
-    step_model = compile_model(model) if cfg.compile else model
+    step_model = compile_model(model) if compile else model
 
     def step():
         with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
@@ -259,7 +266,7 @@ def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> floa
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return time_ms(step, cfg.steps, cfg.warmup, device)
+    return step
 
 
 def _require_torchao():
