@@ -176,6 +176,25 @@ def test_inductor_compiles_a_converted_model_on_cuda(name):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("name", ["bf16", "fp8_tensorwise", "fp8_delayed", "fp8_rowwise", "fp8_blockwise",
+                                  "mxfp8", "mxfp4", "nvfp4"])
+def test_the_trainers_model_compiles_to_one_graph_on_cuda(name):
+    """On a GPU the quantized Linears take other paths than on a CPU (Triton kernels, native
+    FP8 GEMMs): none of them may break the graph, or torch.compile runs most of a step eagerly."""
+    from fewerbits.models import Llama, ModelConfig
+    from fewerbits.train.precision import apply_recipe
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=512, max_seq_len=128)
+    model = Llama(cfg).cuda()
+    apply_recipe(model, name, policy=fb.Policy(min_features=0, keep_last_blocks=0), device="cuda")
+    ids = torch.randint(0, 512, (2, 128), device="cuda")
+    explained = torch._dynamo.explain(model)(ids)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
+    torch._dynamo.reset()
+
+
 def test_conversion_keeps_what_native_fp8_cannot_take():
     model = nn.Sequential(nn.Linear(1024, 1000), nn.GELU(), nn.Linear(1000, 1024), nn.Linear(1024, 128)).cuda()
     report = fb.convert(model, "fp8_blockwise")

@@ -13,8 +13,8 @@ Native paths (CUDA capability 9.x, cuBLAS through torch), FP8 elements with fp32
 
     tensor × tensor     torch._scaled_mm, one scale each          (E4M3 or E5M2, not E5M2×E5M2)
     row × row           torch._scaled_mm, scale_a (M, 1), scale_b (1, N)     (E4M3 only)
-    1x128 × 128x128     F.scaled_mm BlockWise1x128 × BlockWise128x128        (E4M3 only)
-    1x128 × 1x128       F.scaled_mm BlockWise1x128 × BlockWise1x128          (E4M3 only)
+    1x128 × 128x128     aten._scaled_mm_v2, BlockWise1x128 × BlockWise128x128     (E4M3 only)
+    1x128 × 1x128       aten._scaled_mm_v2, BlockWise1x128 × BlockWise1x128       (E4M3 only)
 
     layouts: mat_a = A (M, K) row-major; mat_b = Bᵀ, i.e. B (N, K) row-major seen as (K, N)
     column-major, no copy. 1x128 scales are (rows, K/128) with stride (1, rows); 128x128 scales
@@ -39,6 +39,9 @@ import torch
 import torch.nn.functional as F
 
 from .quantize import QuantizedTensor
+
+# Looked up once: native_reason runs inside compiled graphs, where an operator lookup would break them.
+_BLOCKWISE_MM = hasattr(F, "ScalingType") and hasattr(torch.ops.aten, "_scaled_mm_v2")
 
 FP8 = ("fp8_e4m3", "fp8_e5m2")
 
@@ -85,8 +88,8 @@ def native_reason(a: QuantizedTensor, b: QuantizedTensor) -> str | None:
     if pair == ("row", "row"):
         return f"K={k} and N={n} must be multiples of 16 for torch._scaled_mm" if k % 16 or n % 16 else None
     if pair in (("1x128", "128x128"), ("1x128", "1x128")):
-        if not hasattr(F, "scaled_mm"):
-            return f"torch {torch.__version__} has no torch.nn.functional.scaled_mm"
+        if not _BLOCKWISE_MM:
+            return f"torch {torch.__version__} has no blockwise scaled matmul (aten._scaled_mm_v2)"
         if k % 128 or n % 128 or m % 128:
             return f"M={m}, N={n} and K={k} must be multiples of 128 for blockwise FP8"
         return None
@@ -138,7 +141,11 @@ def _native(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype) -> t
     else:
         pad = -b.scale.shape[1] % 4  # cuBLAS wants the K/128 blocks padded to a multiple of 4
         sb, recipe_b = F.pad(b.scale, (0, pad)).t(), st.BlockWise128x128  # (K/128, N/128)
-    return F.scaled_mm(mat_a, mat_b, sa, st.BlockWise1x128, sb, recipe_b, output_dtype=out_dtype)
+    # The operator F.scaled_mm calls, named as an aten operator: torch 2.11's dynamo does not trace
+    # torch._scaled_mm_v2 (a graph break per GEMM), but traces every aten operator.
+    return torch.ops.aten._scaled_mm_v2.default(
+        mat_a, mat_b, [sa], [st.BlockWise1x128.value], [], [sb], [recipe_b.value], [], None, out_dtype
+    )
 
 
 # -- emulated -----------------------------------------------------------------------------------
