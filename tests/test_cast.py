@@ -209,3 +209,24 @@ def test_bad_inputs():
         cast([1.0, 2.0], "fp8_e4m3")
     with pytest.raises(ValueError, match="unknown rounding"):
         cast(torch.zeros(2), "fp8_e4m3", rounding="up")
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
+def test_native_fp8_codes_are_the_reference_codes(name, rng):
+    """Compiled graphs take FP8 codes from torch's conversion (rounding.native_fp8_codes): the
+    reference's codes for every bf16 pattern, random fp32 values, ties and their neighbours,
+    the boundaries, ±inf and NaN of both signs; where finite, ml_dtypes' codes of the clipped
+    value as well."""
+    from fewerbits.rounding import native_fp8_codes, round_to_codes
+
+    fmt = FORMATS[name]
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF], dtype=np.uint32).view(np.float32)
+    x = np.concatenate([all_bf16_values(), random_fp32(name, N_RANDOM, rng), grid_midpoints(name, rng),
+                        boundary_values(name), np.array([np.inf, -np.inf, 1e38, -1e38], np.float32), nans])
+    v = torch.from_numpy(x)
+    got = native_fp8_codes(v, fmt)
+    assert got.dtype == torch.uint8 and torch.equal(got, round_to_codes(v, fmt))
+    finite = np.isfinite(x)
+    oracle = np.clip(x[finite], -fmt.max, fmt.max).astype(ORACLE[name]).view(np.uint8)
+    assert np.array_equal(got.numpy()[finite], oracle)
+    assert got[torch.isnan(v) & torch.signbit(v)].unique().tolist() == [fmt.nan_code | 0x80]

@@ -193,15 +193,26 @@ def compile_model(model: nn.Module, **kwargs):
     Inductor keeps the intermediate values of a fused kernel in fp32 unless asked to round them
     where the program casts (its `emulate_precision_casts` option): a Linear's bf16 output,
     fused into the next Linear's quantizer, would be quantized unrounded, and the codes would
-    differ from eager mode's. Compiled with this option, a converted model gives eager mode's
-    bits (tests/test_convert.py). Other keyword arguments go to torch.compile; a `mode` is
+    differ from eager mode's. On a GPU it also divides approximately unless asked not to. With
+    both options a converted model gives eager mode's bits (tests/test_convert.py, on a CPU). Other keyword arguments go to torch.compile; a `mode` is
     passed on as its inductor options, and a backend other than inductor gets none."""
     if kwargs.get("backend", "inductor") != "inductor":
         return torch.compile(model, **kwargs)
     mode = kwargs.pop("mode", None)
     options = dict(torch._inductor.list_mode_options(mode)) if mode else {}
-    options.update({"emulate_precision_casts": True, **kwargs.pop("options", {})})
+    options.update({"emulate_precision_casts": True, **_division_rounding(), **kwargs.pop("options", {})})
     return torch.compile(model, options=options, **kwargs)
+
+
+def _division_rounding() -> dict:
+    """Inductor's option for correctly rounded fp32 division in Triton kernels (x / y is
+    otherwise an approximate division on a GPU, and a block's scale or a scaled element can
+    differ from eager mode's in the last bit), under its name in this torch, if it has one."""
+    names = torch._inductor.config._config
+    for name in ("eager_numerics.division_rounding", "emulate_divison_rounding"):
+        if name in names:
+            return {name: True}
+    return {}
 
 
 def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:

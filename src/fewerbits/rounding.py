@@ -29,8 +29,9 @@ grid spacings are float32 numbers, 2^-149 … 2^127 (every format here but e8m0)
 power of two, rounding to an integer and multiplying back lose nothing. Otherwise (float64
 inputs, e8m0) the work is done in float64. `round_to_codes` goes from the rounded integer
 straight to the bit code, (e + bias − 1) · 2^M + units, which also carries a mantissa that
-rounded up into the next binade. We do not call `tensor.to(torch.float8_e4m3fn)`: before
-torch 2.12 that cast gives NaN above 464 instead of saturating.
+rounded up into the next binade. The reference does not call `tensor.to(torch.float8_e4m3fn)`:
+before torch 2.12 that cast gives NaN above 464 instead of saturating. Compiled graphs do,
+after a clamp that makes it saturate (`native_fp8_codes`, the same bits).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ Rounding = Literal["nearest", "stochastic"]
 ROUNDINGS = ("nearest", "stochastic")
 NOISE_BITS = 24  #: resolution of the stochastic-rounding noise
 CHUNK_ELEMENTS = 1 << 18  #: elements per slice of the float64 work (see in_chunks)
+NATIVE_FP8 = ("fp8_e4m3", "fp8_e5m2")  #: formats whose compiled codes come from torch's cast
 
 _CONSTANTS: dict = {}
 
@@ -194,6 +196,9 @@ def round_to_codes(v: torch.Tensor, fmt: FloatFormat, *, noise: torch.Tensor | N
     NaN becomes the format's NaN code; a format without one refuses NaN (ValueError).
     """
     check_code_width(fmt)
+    if (noise is None and v.dtype == torch.float32 and fmt.name in NATIVE_FP8 and fmt.torch_dtype is not None
+            and torch.compiler.is_compiling()):
+        return native_fp8_codes(v, fmt)
     nan = torch.isnan(v)
     if not fmt.has_nan and not torch.compiler.is_compiling() and bool(nan.any()):
         raise ValueError(f"{fmt.name} has no NaN code, and the input holds NaN")
@@ -214,6 +219,20 @@ def round_to_codes(v: torch.Tensor, fmt: FloatFormat, *, noise: torch.Tensor | N
         nan_code = fmt.nan_code | (1 << (fmt.exp_bits + fmt.man_bits) if fmt.signed else 0)
         code = torch.where(nan & torch.signbit(v), nan_code, torch.where(nan, fmt.nan_code, code))
     return code.to(torch.uint8)
+
+
+def native_fp8_codes(v: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """round_to_codes(v, fmt) for float32 v and an FP8 format, through torch's own conversion.
+
+    The conversion rounds to nearest even, as the reference does; clamping to ±max first makes
+    it saturate on every torch version, and NaN, whose sign a GPU's conversion may drop, gets
+    the reference's code explicitly. The same bits (tests/test_cast.py), in a few operations
+    that a compiler fuses into its neighbours: compiled graphs take this path, whose cast is
+    one instruction on the GPU instead of the reference's integer arithmetic.
+    """
+    code = v.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype).view(torch.uint8)
+    nan_code = torch.where(torch.signbit(v), fmt.nan_code | 0x80, fmt.nan_code).to(torch.uint8)
+    return torch.where(torch.isnan(v), nan_code, code)
 
 
 def cast(
