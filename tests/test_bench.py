@@ -48,6 +48,8 @@ def test_bench_train_measures_every_recipe_after_bf16(capsys):
     assert rows[0]["vs_bf16"] == 1.0 and rows[1]["tokens_per_s"] > 0
     assert rows[1]["tokens_per_s"] == pytest.approx(2 * 16 / rows[1]["ms_per_step"] * 1e3)
     assert rows[1]["peak_memory_bytes"] is None  # no allocator statistics on a CPU
+    assert all(r["first_step_s"] > 0 for r in rows)
+    assert bench.train_table(rows).splitlines()[0].endswith("| first step s |")
     with pytest.raises(ValueError, match="max_seq_len"):
         bench.bench_train(bench.TrainBench(seq_len=4096, device="cpu"), ["bf16"])
     with pytest.raises(ValueError, match="unknown peer"):

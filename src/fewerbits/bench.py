@@ -5,8 +5,9 @@
     bench linear   one Linear's forward + backward per recipe against nn.Linear in bf16,
                    quantization included
     bench train    a preset's training step under each recipe (optionally compiled):
-                   tokens/s and peak memory; `--peer torchao` adds torchao's float8 training of
-                   the same model in the same process
+                   tokens/s, peak memory and the first step's time (with --compile, mostly
+                   compilation); `--peer torchao` adds torchao's float8 training of the same
+                   model in the same process
 
 Every arm runs in one process on one device, one after the other, with the same inputs; a
 time is the median of `iters` runs after `warmup` runs (CUDA events on a GPU, the wall clock on
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import time
 from dataclasses import dataclass
 
 import torch
@@ -227,12 +229,12 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None) -
         else:
             _torchao_convert(model, torchao_recipe)
             autocast = True
-        ms = _time_training(model, x, y, cfg, device, autocast)
+        first_s, ms = _time_training(model, x, y, cfg, device, autocast)
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         row = {"recipe": name, "ms_per_step": ms, "tokens_per_s": cfg.batch_size * cfg.seq_len / ms * 1e3,
-               "peak_memory_bytes": peak}
+               "peak_memory_bytes": peak, "first_step_s": first_s}
         rows.append(row)
-        echo(f"{name}: {ms:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s")
+        echo(f"{name}: {ms:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, first step {first_s:.1f} s")
         del model
     base = rows[0]
     for r in rows:
@@ -242,9 +244,16 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None) -
     return rows
 
 
-def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> float:
-    return time_ms(training_step(model, x, y, compile=cfg.compile, device=device, autocast=autocast),
-                   cfg.steps, cfg.warmup, device)
+def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tuple[float, float]:
+    """(seconds of the first step, compilation included; median ms of the timed steps). The
+    first step is one of the `warmup` steps when there are any, and never a timed one."""
+    step = training_step(model, x, y, compile=cfg.compile, device=device, autocast=autocast)
+    t0 = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    first_s = time.perf_counter() - t0
+    return first_s, time_ms(step, cfg.steps, max(cfg.warmup - 1, 0), device)
 
 
 def training_step(model, x, y, *, compile: bool, device, autocast: bool = False):
@@ -314,11 +323,11 @@ def linear_table(rows: list[dict]) -> str:
 
 
 def train_table(rows: list[dict]) -> str:
-    lines = ["| recipe | ms/step | tokens/s | × bf16 tokens/s | peak memory | × bf16 memory |",
-             "|---|--:|--:|--:|--:|--:|"]
+    lines = ["| recipe | ms/step | tokens/s | × bf16 tokens/s | peak memory | × bf16 memory | first step s |",
+             "|---|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         mem = f"{r['peak_memory_bytes'] / 2**30:.2f} GiB" if r["peak_memory_bytes"] is not None else "n/a (CPU)"
         mem_ratio = f"{r['memory_vs_bf16']:.2f}" if r["memory_vs_bf16"] is not None else "n/a"
         lines.append(f"| {r['recipe']} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {r['vs_bf16']:.2f} | "
-                     f"{mem} | {mem_ratio} |")
+                     f"{mem} | {mem_ratio} | {r['first_step_s']:.1f} |")
     return "\n".join(lines)
