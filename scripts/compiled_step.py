@@ -1,0 +1,63 @@
+"""Time `bench train --compile`'s step for some recipes, each compiled in turn, with the time of
+every warm-up step (the first holds the compilation) and any recompilation logged.
+
+    PYTHONPATH=src TORCH_LOGS=recompiles python3 scripts/compiled_step.py fp8_tensorwise bf16 \
+        [--preset llama3-8b-8layers] [--batch-size 4] [--seq-len 2048] [--warmup 3] [--iters 10]
+
+The step and the model are bench train's (bench.training_step, fp32 master weights, the
+trainer's AdamW, the model compiled by fewerbits.compile_model); the recipes run in the order
+given, in one process, with CUDA events on the timed steps.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import fewerbits.bench as bench
+from fewerbits.models import Llama, get_preset
+from fewerbits.train.precision import apply_recipe
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("recipes", nargs="+")
+    p.add_argument("--preset", default="llama3-8b-8layers")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10)
+    args = p.parse_args(argv)
+    device = torch.device("cuda")
+    cfg = get_preset(args.preset, 8192)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen)
+    x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+    for recipe in args.recipes:
+        bench._free(device)
+        torch.cuda.reset_peak_memory_stats()
+        torch.manual_seed(0)
+        model = Llama(cfg).to(device)
+        apply_recipe(model, recipe, device=device)
+        step = bench.training_step(model, x, y, compile=True, device=device)
+        for i in range(args.warmup):
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            print(f"{recipe}: warm-up step {i}: {time.perf_counter() - t0:.1f} s", flush=True)
+        times = []
+        for _ in range(args.iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        peak = torch.cuda.max_memory_allocated() / 2**30
+        print(f"{recipe}: median {statistics.median(times):.1f} ms/step, peak {peak:.2f} GiB", flush=True)
+        del model, step
+
+
+if __name__ == "__main__":
+    main()
