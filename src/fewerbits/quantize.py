@@ -22,6 +22,7 @@ dequantizes to NaN whatever its element format can express. An empty tensor roun
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -288,6 +289,12 @@ def _per_element(per_block: torch.Tensor, br: int, bc: int, r0: int, r1: int, co
     """The value of each element's block for rows r0:r1 of the (R, C) matrix, broadcastable to
     (r1 − r0, C): a block spanning all rows or all columns stays a broadcast dimension."""
     nbr, nbc = per_block.shape
+    if torch.compiler.is_compiling():
+        # each element's block by index arithmetic: torch 2.13's inductor (C++) miscompiled the
+        # repeated-then-cut form below when the columns do not fill the last block
+        arange = functools.partial(torch.arange, device=per_block.device)
+        rows = per_block if nbr == 1 else per_block[arange(r0, r1) // br]
+        return rows if nbc == 1 else rows[:, arange(cols) // bc]
     if nbr == 1:
         rows = per_block
     elif br == 1:
