@@ -91,6 +91,31 @@ NATIVE_PAIRS = [
 TOLERANCE = {torch.float32: 5e-4, torch.bfloat16: 3e-3}
 
 
+@pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor", "fp8_e4m3_row", "fp8_e4m3_1x128",
+                                  "fp8_e4m3_128x128", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4"])
+def test_quantizer_compiled_on_cuda_equals_cpu(name):
+    """The quantizer as compile_model compiles it on a GPU (Triton code from inductor, FP8 codes
+    from the native conversion, correctly rounded division) against the reference on a CPU, bit
+    for bit, along both axes: what every compiled Linear runs instead of our Triton kernels."""
+    scheme = get_scheme(name)
+    x = torch.from_numpy(hard_matrix(300, 520, specials=scheme.block != (-1, -1)))
+
+    def q(t, axis):
+        out = quantize(t, scheme, axis=axis)
+        return out.data, out.scale, out.tensor_scale
+
+    torch._dynamo.reset()
+    compiled = fb.compile_model(q, fullgraph=True)
+    for axis in (1, 0):
+        data, scale, tensor_scale = compiled(x.cuda(), axis)
+        ref = quantize(x, scheme, axis=axis)
+        assert torch.equal(data.cpu(), ref.data), axis
+        assert torch.equal(scale.cpu().view(torch.uint8), ref.scale.view(torch.uint8)), axis
+        if scheme.two_level:
+            assert torch.equal(tensor_scale.cpu(), ref.tensor_scale)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("a_name, b_name, rule", NATIVE_PAIRS)
 @pytest.mark.parametrize("m, k, n", [(256, 512, 384), (384, 640, 256), (1024, 4096, 1024)])
 def test_native_equals_emulated(a_name, b_name, rule, m, k, n):
