@@ -216,3 +216,24 @@ def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme, axis):
     assert data.is_contiguous() and ref.data.is_contiguous()
     assert torch.equal(scale.view(torch.uint8) if scale.dtype == torch.uint8 else scale.view(torch.int32),
                        ref.scale.view(torch.uint8) if ref.scale.dtype == torch.uint8 else ref.scale.view(torch.int32))
+
+
+def test_compile_model_asks_inductor_for_eager_rounding(monkeypatch):
+    """compile_model passes inductor the options that make compiled quantizers see eager mode's
+    values — rounding where the program casts, correctly rounded division under this torch's
+    name for it — keeps a mode's options, lets the caller's options win, and gives another
+    backend none."""
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: seen.append(kw) or model)
+    fb.compile_model(nn.Linear(2, 2))
+    options = seen[-1]["options"]
+    assert options["emulate_precision_casts"] is True
+    division = [k for k in ("eager_numerics.division_rounding", "emulate_divison_rounding")
+                if k in torch._inductor.config._config]
+    assert division and all(options[k] is True for k in division[:1])
+    fb.compile_model(nn.Linear(2, 2), mode="max-autotune", options={"emulate_precision_casts": False})
+    options = seen[-1]["options"]
+    assert options["emulate_precision_casts"] is False and options["max_autotune"] is True
+    assert "mode" not in seen[-1]
+    fb.compile_model(nn.Linear(2, 2), backend="aot_eager")
+    assert seen[-1] == {"backend": "aot_eager"}

@@ -208,7 +208,7 @@ def _division_rounding() -> dict:
     """Inductor's option for correctly rounded fp32 division in Triton kernels (x / y is
     otherwise an approximate division on a GPU, and a block's scale or a scaled element can
     differ from eager mode's in the last bit), under its name in this torch, if it has one."""
-    names = torch._inductor.config._config
+    names = getattr(torch._inductor.config, "_config", {})  # the option names this torch knows
     for name in ("eager_numerics.division_rounding", "emulate_divison_rounding"):
         if name in names:
             return {name: True}
