@@ -10,12 +10,12 @@ given, in one process, with CUDA events on the timed steps.
 """
 
 import argparse
-import statistics
 import time
 
 import torch
 
 import fewerbits.bench as bench
+from fewerbits.benchmark import time_ms
 from fewerbits.models import Llama, get_preset
 from fewerbits.train.precision import apply_recipe
 
@@ -46,16 +46,9 @@ def main(argv=None):
             step()
             torch.cuda.synchronize()
             print(f"{recipe}: warm-up step {i}: {time.perf_counter() - t0:.1f} s", flush=True)
-        times = []
-        for _ in range(args.iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
+        ms = time_ms(step, args.iters, 0, device)  # the warm-up steps ran above, each timed
         peak = torch.cuda.max_memory_allocated() / 2**30
-        print(f"{recipe}: median {statistics.median(times):.1f} ms/step, peak {peak:.2f} GiB", flush=True)
+        print(f"{recipe}: median {ms:.1f} ms/step, peak {peak:.2f} GiB", flush=True)
         del model, step
 
 

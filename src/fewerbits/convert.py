@@ -194,8 +194,9 @@ def compile_model(model: nn.Module, **kwargs):
     where the program casts (its `emulate_precision_casts` option): a Linear's bf16 output,
     fused into the next Linear's quantizer, would be quantized unrounded, and the codes would
     differ from eager mode's. On a GPU it also divides approximately unless asked not to. With
-    both options a converted model gives eager mode's bits (tests/test_convert.py, on a CPU). Other keyword arguments go to torch.compile; a `mode` is
-    passed on as its inductor options, and a backend other than inductor gets none."""
+    both options a converted model gives eager mode's bits (tests/test_convert.py, on a CPU).
+    Other keyword arguments go to torch.compile; a `mode` is passed on as its inductor options,
+    and a backend other than inductor gets none."""
     if kwargs.get("backend", "inductor") != "inductor":
         return torch.compile(model, **kwargs)
     mode = kwargs.pop("mode", None)

@@ -231,7 +231,8 @@ def native_fp8_codes(v: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     one instruction on the GPU instead of the reference's integer arithmetic.
     """
     code = v.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype).view(torch.uint8)
-    nan_code = torch.where(torch.signbit(v), fmt.nan_code | 0x80, fmt.nan_code).to(torch.uint8)
+    sign_bit = 1 << (fmt.exp_bits + fmt.man_bits)
+    nan_code = torch.where(torch.signbit(v), fmt.nan_code | sign_bit, fmt.nan_code).to(torch.uint8)
     return torch.where(torch.isnan(v), nan_code, code)
 
 
