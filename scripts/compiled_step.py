@@ -30,10 +30,8 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=10)
     args = p.parse_args(argv)
     device = torch.device("cuda")
-    cfg = get_preset(args.preset, 8192)
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen)
-    x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+    cfg = get_preset(args.preset, bench.TrainBench.vocab_size)
+    x, y = bench.train_batch(cfg, args.batch_size, args.seq_len, device)
     for recipe in args.recipes:
         bench._free(device)
         torch.cuda.reset_peak_memory_stats()

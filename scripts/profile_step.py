@@ -51,10 +51,8 @@ def main(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile the model, as bench train --compile")
     args = p.parse_args(argv)
     device = torch.device("cuda")
-    model_cfg = get_preset(args.preset, 8192)
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, model_cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen)
-    x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+    model_cfg = get_preset(args.preset, bench.TrainBench.vocab_size)
+    x, y = bench.train_batch(model_cfg, args.batch_size, args.seq_len, device)
     for recipe in args.recipes:
         bench._free(device)
         profile_recipe(recipe, model_cfg, x, y, args, device)

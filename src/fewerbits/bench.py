@@ -205,9 +205,7 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None) -
     model_cfg = get_preset(cfg.preset, cfg.vocab_size)
     if cfg.seq_len > model_cfg.max_seq_len:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds preset {cfg.preset}'s max_seq_len {model_cfg.max_seq_len}")
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    tokens = torch.randint(0, model_cfg.vocab_size, (cfg.batch_size, cfg.seq_len + 1), generator=gen)
-    x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+    x, y = train_batch(model_cfg, cfg.batch_size, cfg.seq_len, device)
 
     arms = [("bf16", None)] + [(r.name, None) for r in recipes if r.name != "bf16"]
     if "torchao" in peers:
@@ -242,6 +240,13 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None) -
         r["memory_vs_bf16"] = (r["peak_memory_bytes"] / base["peak_memory_bytes"]
                                if base["peak_memory_bytes"] else None)
     return rows
+
+
+def train_batch(model_cfg, batch_size: int, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (inputs, targets) every `bench train` step uses: seeded random tokens on `device`."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    tokens = torch.randint(0, model_cfg.vocab_size, (batch_size, seq_len + 1), generator=gen)
+    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
 
 def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tuple[float, float]:
