@@ -4,6 +4,8 @@
         [--batch-size 4] [--seq-len 2048] [--recipes bf16 fp8_tensorwise] [--steps 2]
         [--top 30] [--trace-dir DIR] [--compile]
 
+A recipe named torchao:tensorwise or torchao:rowwise profiles torchao's float8 training of the
+same model (bf16 autocast, the output head left out), as `bench train --peer torchao` runs it.
 The step is `fewerbits bench train`'s (forward, cross-entropy, backward, clipping, AdamW);
 with --compile the model is compiled as in `bench train --compile` (the optimizer stays eager).
 For each recipe it prints the kernels by total GPU time and a summary by kind (GEMM, FP8
@@ -62,8 +64,12 @@ def main(argv=None):
 def profile_recipe(recipe, model_cfg, x, y, args, device):
     torch.manual_seed(0)
     model = Llama(model_cfg).to(device)
-    apply_recipe(model, recipe, device=device)
-    step = bench.training_step(model, x, y, compile=args.compile, device=device)
+    autocast = recipe.startswith("torchao:")
+    if autocast:
+        bench._torchao_convert(model, recipe.split(":", 1)[1])
+    else:
+        apply_recipe(model, recipe, device=device)
+    step = bench.training_step(model, x, y, compile=args.compile, device=device, autocast=autocast)
     wall = time_ms(step, 5, args.warmup, device)
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
