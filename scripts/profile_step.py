@@ -24,10 +24,10 @@ from fewerbits.models import Llama, get_preset
 from fewerbits.train.precision import apply_recipe
 
 KINDS = [  # (kind, pattern on the kernel name), first match wins
-    ("fp8 gemm", r"f8|e4m3|fp8|scaled_mm|Float8"),
+    ("optimizer", r"foreach|multi_tensor|adam"),  # the fused AdamW is a Triton kernel
+    ("triton", r"^triton_|_kernel$"),  # inductor names a kernel by its ops, "_scaled_mm" too
+    ("fp8 gemm", r"^nvjet_sm90_q|f8|e4m3|fp8|scaled_mm|Float8"),  # cuBLAS's nvjet "q": FP8 operands
     ("gemm", r"gemm|cutlass|sm90_xmma|nvjet|wgmma|cublas"),
-    ("triton", r"^triton_|_kernel$"),
-    ("optimizer", r"foreach|multi_tensor|adam"),
     ("copy", r"copy|Memcpy|Memset|cat|fill"),
     ("flash/attention", r"flash|fmha|attention|sdpa"),
 ]

@@ -198,7 +198,7 @@ def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None,
     X = _to_matrix(x.detach(), axis)
     rows, cols = X.shape
     br, bc = _block_shape(scheme, rows, cols)
-    actual = block_amax(_blocked(X, br, bc))  # (R/br, C/bc)
+    actual = _block_amaxes(x.detach(), X, br, bc, axis)  # (R/br, C/bc)
     if amax is None:
         amax = actual
     else:
@@ -214,6 +214,20 @@ def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None,
         scales = factor = amax_scale(amax, scheme.elem)
     noise = draw_noise((rows, cols), x.device, generator) if rounding == "stochastic" else None
     return Plan(x.shape, axis, scheme, X, br, bc, scales, factor, tensor_scale, noise)
+
+
+def _block_amaxes(x: torch.Tensor, X: torch.Tensor, br: int, bc: int, axis: int) -> torch.Tensor:
+    """Every block's amax, float32 (R/br, C/bc). A block of the whole tensor or of whole rows of
+    X (one scale per tensor, per row) is reduced in x's own layout: the same values (a maximum is
+    exact, and abs commutes with the conversion to fp32), but a compiler given X, the transposed
+    view of an axis-0 quantization, emitted a reduction that read memory across its rows."""
+    rows, cols = X.shape
+    if X.numel() and x.dim() and bc == cols:
+        if br == rows:
+            return x.abs().amax().float().reshape(1, 1)
+        if br == 1:
+            return x.abs().amax(dim=axis).float().reshape(rows, 1)
+    return block_amax(_blocked(X, br, bc))
 
 
 def fake_quantize(x: torch.Tensor, scheme: str | Scheme, *, dtype=torch.float32, **kwargs):
