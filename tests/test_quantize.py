@@ -345,3 +345,41 @@ def test_scheme_objects_are_frozen_and_described():
     assert s.with_rule("rceil").scale_rule == "rceil" and s.scale_rule == "floor"
     with pytest.raises(Exception):
         s.block = (1, 16)
+
+
+@pytest.mark.parametrize("maximum", sorted({s.elem.max for s in SCHEMES.values()}))
+def test_a_compiled_scale_division_is_correctly_rounded(maximum):
+    """amax / max_elem as compiled graphs compute it (divide_by_constant: an fp64 quotient, or,
+    where inductor rewrites the division on a GPU, the product with fp64(1/max)), rounded once to
+    fp32, equals eager mode's correctly rounded fp32 division, for amaxes in every binade."""
+    from fewerbits.scaling import divide_by_constant
+
+    gen = torch.Generator().manual_seed(0)
+    significands = torch.randint(1 << 23, 1 << 24, (254, 4096), generator=gen, dtype=torch.int64)
+    amax = torch.ldexp(significands.double(), torch.arange(-149, 105).double()[:, None]).float().flatten()
+    amax = amax[torch.isfinite(amax)]
+    eager = amax / torch.tensor(maximum, dtype=torch.float32)
+    assert torch.equal(divide_by_constant(amax, maximum), eager)
+    assert torch.equal((amax.double() * (1.0 / maximum)).float(), eager)  # the rewritten form
+    # the fp32 product with fp32(1/max), what inductor made of the plain division, is not
+    if maximum not in (1.0, 2.0, 4.0, 8.0):
+        assert not torch.equal(amax * torch.tensor(1.0 / maximum, dtype=torch.float32), eager)
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor"])
+@pytest.mark.parametrize("special", [None, float("nan"), float("inf")])
+def test_requantize_along_the_other_axis_takes_the_same_scale(name, special):
+    """A per-tensor quantization along axis 0 made with the axis-1 quantization's scale is the
+    axis-0 quantization: the Linear's backward takes the forward weight's scale this way."""
+    from fewerbits.quantize import requantize
+
+    x = torch.from_numpy(hard_matrix(130, 260, specials=False))
+    if special is not None:
+        x[5, 7] = special
+    rows = quantize(x, name, axis=1)
+    cols = requantize(x, rows, axis=0)
+    ref = quantize(x, name, axis=0)
+    assert torch.equal(cols.data, ref.data) and cols.axis == ref.axis == 0
+    assert torch.equal(cols.scale.view(torch.int32), ref.scale.view(torch.int32))
+    with pytest.raises(ValueError, match="one fp32 scale per tensor"):
+        requantize(x, quantize(x, "mxfp8_e4m3"), axis=0)

@@ -48,7 +48,7 @@ import torch.nn as nn
 
 from . import kernels
 from .gemm import emulated_in_bf16, full_fp32, mm_fp32_out, scaled_matmul, values_matmul
-from .quantize import QuantizedTensor, quantize
+from .quantize import QuantizedTensor, quantize, requantize
 from .recipes import DelayedScaling, Gemm, Operand, Recipe, get_recipe
 from .schemes import get_scheme
 
@@ -266,18 +266,27 @@ class _QuantizedLinearFn(torch.autograd.Function):
             state.record("weight", weight)
 
         # save what the backward GEMMs need, and nothing else
-        wg = recipe.wgrad
+        wg, dg = recipe.wgrad, recipe.dgrad
         ctx.input_q = ctx.input_t = None
         if isinstance(a, QuantizedTensor) and _transposable(fp.a, fp, wg.b, wg):
             ctx.input_q = replace(a, data=None, scale=None)  # wgrad transposes these codes
-            ctx.save_for_backward(weight, a.data, a.scale)
+            saved = [weight, a.data, a.scale]
         elif cfg.save_quantized_input and wg.b.scheme is not None:
             input_t = SHARED_OPERANDS.prepare(x2, wg.b, wg, 0, dt, amax_in, codes=True)  # (K, M), along tokens
             ctx.input_t = replace(input_t, data=None, scale=None, tensor_scale=None)
-            ctx.save_for_backward(weight, input_t.data, input_t.scale, input_t.tensor_scale)
+            saved = [weight, input_t.data, input_t.scale, input_t.tensor_scale]
         else:
-            ctx.save_for_backward(weight, x2)  # as given (a converted model's activations are
-            # already in the compute dtype)
+            saved = [weight, x2]  # as given (a converted model's activations are already in
+            # the compute dtype)
+        # In a compiled graph, dgrad's column-wise weight takes the forward's one scale (the
+        # weight is unchanged, so its amax is too) instead of reading the fp32 weight again for
+        # its amax; eagerly the fused kernels make it, or the weight cache keeps it.
+        ctx.weight_q = None
+        if (torch.compiler.is_compiling() and recipe.weight_qat is None and isinstance(b, QuantizedTensor)
+                and b.scheme.scale_fmt.bits > 8 and _transposable(fp.b, fp, dg.b, dg)):
+            ctx.weight_q = replace(b, data=None, scale=None)
+            saved.append(b.scale)
+        ctx.save_for_backward(*saved)
         ctx.cfg, ctx.amax_in, ctx.amax_w = cfg, amax_in, amax_w
         ctx.has_bias, ctx.x_shape, ctx.x_dtype = bias is not None, x.shape, x.dtype
         return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -296,7 +305,9 @@ class _QuantizedLinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dg = recipe.dgrad
             a = g_rows = _prepare(g2, dg.a, dg, 1, dt, amax_g)
-            if recipe.weight_qat is not None:  # column-wise: along N
+            if ctx.weight_q is not None:  # the forward's scale, the weight's codes along N
+                b = requantize(weight, replace(ctx.weight_q, scale=ctx.saved_tensors[-1]), axis=0)
+            elif recipe.weight_qat is not None:  # column-wise: along N
                 b = _prepare(weight, dg.b, dg, 0, dt, ctx.amax_w)
             else:
                 b = cfg.weight_operand(weight, dg.b, dg, 0, dt, ctx.amax_w)
@@ -310,10 +321,10 @@ class _QuantizedLinearFn(torch.autograd.Function):
             else:
                 a = _prepare(g2, wg.a, wg, 0, dt, amax_g)  # column-wise: along tokens
             if ctx.input_q is not None:  # the forward's codes, transposed
-                data, scale = ctx.saved_tensors[1:]
+                data, scale = ctx.saved_tensors[1:3]
                 b = SHARED_OPERANDS.transposed(replace(ctx.input_q, data=data, scale=scale))
             elif ctx.input_t is not None:  # saved quantized: put its tensors back
-                data, scale, tensor_scale = ctx.saved_tensors[1:]
+                data, scale, tensor_scale = ctx.saved_tensors[1:4]
                 b = replace(ctx.input_t, data=data, scale=scale, tensor_scale=tensor_scale)
             else:
                 b = SHARED_OPERANDS.prepare(ctx.saved_tensors[1], wg.b, wg, 0, dt, ctx.amax_in)

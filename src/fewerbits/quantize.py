@@ -136,6 +136,21 @@ def quantize(
     return plan.finish(pack(codes, plan.scheme.elem))
 
 
+def requantize(x: torch.Tensor, q: QuantizedTensor, axis: int) -> QuantizedTensor:
+    """x quantized along `axis` with the one decode scale of q, x's own quantization (one fp32
+    scale per tensor, rounding to nearest): quantize(x, q.scheme, axis=axis) without the amax
+    pass, since a tensor's amax and so its scale do not depend on the axis. A Linear's backward
+    uses it for the weight's column-wise copy, with the forward's scale."""
+    scheme = q.scheme
+    if scheme.block != (-1, -1) or scheme.two_level or scheme.scale_fmt.bits <= 8:
+        raise ValueError(f"requantize needs one fp32 scale per tensor, not {scheme.name}")
+    ax = _normalize_axis(axis, x.dim())
+    X = _to_matrix(x.detach(), ax)
+    scale = q.scale.float().reshape(1, 1)
+    codes = element_codes(X, scale, scheme)
+    return assemble(pack(codes, scheme.elem), scale, scheme, x.shape, ax)
+
+
 def element_codes(chunk, block_factor, scheme: Scheme, noise=None):
     """The element pass: codes of x scaled by its block's factor (the spec of every kernel)."""
     if scheme.two_level:

@@ -60,8 +60,25 @@ def _nan_where_not_finite(scale: torch.Tensor, amax: torch.Tensor) -> torch.Tens
 
 def amax_scale(amax: torch.Tensor, elem: FloatFormat) -> torch.Tensor:
     """fp32 decode scale amax / max_elem (rule "amax"), float32."""
-    scale = (amax.float() / _f32(elem.max, amax)).clamp(min=FP32.min_normal)
-    return _nan_where_not_finite(scale, amax)
+    if torch.compiler.is_compiling():
+        quotient = divide_by_constant(amax.float(), elem.max)
+    else:
+        quotient = amax.float() / _f32(elem.max, amax)
+    return _nan_where_not_finite(quotient.clamp(min=FP32.min_normal), amax)
+
+
+def divide_by_constant(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """x / divisor correctly rounded to fp32 for fp32 x, where a compiler may rewrite the
+    division as a product with the reciprocal: inductor does so on a GPU (torch 2.11), and
+    amax × fp32(1/448) differs from amax / 448 in the last bit for some amaxes.
+
+    The quotient is taken in fp64 and rounded once to fp32. Divided, it is correctly rounded
+    (53 ≥ 2·24 + 2 bits: the double rounding is innocuous). Multiplied by fp64(1/d) instead,
+    its relative error is under 2^-52, while for d = m·2^k with m odd, a/d is never an fp32
+    rounding midpoint and lies at least 2^-26/m (relative) away from one; so for every element
+    maximum (6, 7.5, 28, 448, 57344: m = 3, 15, 7, 7, 7) the fp32 result is the correctly
+    rounded quotient either way (tests/test_quantize.py checks it over every binade)."""
+    return (x.double() / divisor).float()
 
 
 def pow2_exponent(amax: torch.Tensor, elem: FloatFormat, rule: str) -> torch.Tensor:
