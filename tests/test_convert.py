@@ -237,3 +237,47 @@ def test_compile_model_asks_inductor_for_eager_rounding(monkeypatch):
     assert "mode" not in seen[-1]
     fb.compile_model(nn.Linear(2, 2), backend="aot_eager")
     assert seen[-1] == {"backend": "aot_eager"}
+
+
+def divide_like_a_gpu(monkeypatch):
+    """Make inductor lower a division by a constant as a product with its reciprocal on a CPU
+    too, as it does on a GPU (torch's inductor `div_prim`; off for CPU tensors), with its caches
+    off so that no kernel compiled without the rewrite is reused."""
+    import torch._inductor.lowering as L
+
+    original = L.div_prim
+
+    def div_prim(a, b):
+        divisor = L.get_constant_value(b) if isinstance(b, L.ir.IRNode) else None
+        if divisor is not None and a.get_dtype().is_floating_point and divisor.value != 0:
+            return L.mul(a, 1.0 / divisor.value)
+        return original(a, b)
+
+    keys = [k for k, v in L.lowerings.items() if v is original]
+    assert keys, "inductor's lowering of prims.div has moved: update divide_like_a_gpu"
+    for k in keys:
+        monkeypatch.setitem(L.lowerings, k, div_prim)
+    monkeypatch.setattr(L, "div_prim", div_prim)  # aten.div's lowering calls it by this name
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
+
+
+def test_compiled_block_scales_survive_the_gpus_division_rewrite(monkeypatch):
+    """On a GPU, inductor turns amax / 448 into amax × fp32(1/448), which is not always the
+    correctly rounded quotient; compiled fp8_blockwise Linears then differed from eager mode by
+    1% on the H200. Compiled graphs take the scale through scaling.divide_by_constant, whose
+    result either lowering rounds correctly. With the rewrite forced on a CPU, the compiled
+    model gives eager mode's bits; with a plain division it reproduces the GPU's difference."""
+    import fewerbits.scaling as scaling
+
+    divide_like_a_gpu(monkeypatch)
+    x = torch.randn(256, 512, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    eager, grads, out, compiled_grads = eager_then_compiled(two_linears("fp8_blockwise"), x)
+    assert torch.equal(out, eager)
+    assert all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
+
+    monkeypatch.setattr(scaling, "divide_by_constant", lambda t, d: t / d)  # the rewrite applies
+    torch._dynamo.reset()
+    eager, grads, out, compiled_grads = eager_then_compiled(two_linears("fp8_blockwise"), x)
+    assert not torch.equal(out, eager)
+    torch._dynamo.reset()
