@@ -3,6 +3,7 @@ every warm-up step (the first holds the compilation) and any recompilation logge
 
     PYTHONPATH=src TORCH_LOGS=recompiles python3 scripts/compiled_step.py fp8_tensorwise bf16 \
         [--preset llama3-8b-8layers] [--batch-size 4] [--seq-len 2048] [--warmup 3] [--iters 10]
+        [--blocks]
 
 The step and the model are bench train's (bench.training_step, fp32 master weights, the
 trainer's AdamW, the model compiled by fewerbits.compile_model); the recipes run in the order
@@ -28,6 +29,7 @@ def main(argv=None):
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--blocks", action="store_true", help="compile block by block (compile_model(blocks=True))")
     args = p.parse_args(argv)
     device = torch.device("cuda")
     cfg = get_preset(args.preset, bench.TrainBench.vocab_size)
@@ -38,7 +40,7 @@ def main(argv=None):
         torch.manual_seed(0)
         model = Llama(cfg).to(device)
         apply_recipe(model, recipe, device=device)
-        step = bench.training_step(model, x, y, compile=True, device=device)
+        step = bench.training_step(model, x, y, compile=True, device=device, blocks=args.blocks)
         for i in range(args.warmup):
             t0 = time.perf_counter()
             step()

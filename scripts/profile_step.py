@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 scripts/profile_step.py [--preset llama3-8b-8layers]
         [--batch-size 4] [--seq-len 2048] [--recipes bf16 fp8_tensorwise] [--steps 2]
-        [--top 30] [--trace-dir DIR] [--compile]
+        [--top 30] [--trace-dir DIR] [--compile] [--compile-blocks]
 
 A recipe named torchao:tensorwise or torchao:rowwise profiles torchao's float8 training of the
 same model (bf16 autocast, the output head left out), as `bench train --peer torchao` runs it.
@@ -51,6 +51,7 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--trace-dir", default=None)
     p.add_argument("--compile", action="store_true", help="torch.compile the model, as bench train --compile")
+    p.add_argument("--compile-blocks", action="store_true", help="compile block by block, as bench train --compile-blocks")
     args = p.parse_args(argv)
     device = torch.device("cuda")
     model_cfg = get_preset(args.preset, bench.TrainBench.vocab_size)
@@ -69,7 +70,9 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
         bench._torchao_convert(model, recipe.split(":", 1)[1])
     else:
         apply_recipe(model, recipe, device=device)
-    step = bench.training_step(model, x, y, compile=args.compile, device=device, autocast=autocast)
+    compiled = args.compile or args.compile_blocks
+    step = bench.training_step(model, x, y, compile=compiled, device=device, autocast=autocast,
+                               blocks=args.compile_blocks)
     wall = time_ms(step, 5, args.warmup, device)
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
@@ -83,7 +86,7 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
             rows.append((t / args.steps / 1e3, e.count // args.steps, e.key))
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
-    print(f"\n=== {recipe}{' (compiled)' if args.compile else ''}: {total:.1f} ms of kernels per step, {wall:.1f} ms per step "
+    print(f"\n=== {recipe}{' (compiled)' if compiled else ''}: {total:.1f} ms of kernels per step, {wall:.1f} ms per step "
           "(median of 5) ===")
     by_kind: dict[str, float] = {}
     for ms, _, name in rows:
@@ -95,7 +98,7 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
         print(f"  {ms:8.2f} {n:5d}  {name[:150]}")
     if args.trace_dir:
         prof.export_chrome_trace(f"{args.trace_dir}/{recipe}.json")
-    if args.compile:
+    if compiled:
         torch._dynamo.reset()
 
 

@@ -82,3 +82,15 @@ def test_bench_train_on_cuda_reports_peak_memory():
     cfg = bench.TrainBench(preset="tiny", batch_size=2, seq_len=32, steps=2, warmup=1, device="cuda")
     rows = bench.bench_train(cfg, ["fp8_tensorwise"])
     assert all(r["peak_memory_bytes"] > 0 for r in rows) and rows[1]["memory_vs_bf16"] > 0
+
+
+def test_bench_train_compile_blocks_compiles_block_by_block(capsys, monkeypatch):
+    """--compile-blocks reaches compile_model as blocks=True for every arm (compilation itself
+    is replaced here: tests/test_convert.py compiles by blocks)."""
+    calls = []
+    monkeypatch.setattr(bench, "compile_model", lambda model, **kw: calls.append(kw) or model)
+    argv = ["bench", "train", "--preset", "tiny", "--batch-size", "1", "--seq-len", "8", "--iters", "1",
+            "--warmup", "0", "--device", "cpu", "--recipes", "bf16,fp8_tensorwise", "--compile-blocks"]
+    assert main(argv) == 0
+    assert calls == [{"blocks": True}] * 2
+    assert "--compile-blocks --recipes bf16,fp8_tensorwise" in capsys.readouterr().out

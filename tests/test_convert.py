@@ -281,3 +281,39 @@ def test_compiled_block_scales_survive_the_gpus_division_rewrite(monkeypatch):
     eager, grads, out, compiled_grads = eager_then_compiled(two_linears("fp8_blockwise"), x)
     assert not torch.equal(out, eager)
     torch._dynamo.reset()
+
+
+def test_compile_model_by_blocks_traces_one_block_for_all():
+    """compile_model(blocks=True) compiles each block in place: one graph serves every block,
+    and the quantized Linears' outputs and weight gradients are eager mode's bits (RMSNorm's
+    weight gradients are fp32 sums in another order)."""
+    from torch._dynamo.utils import counters
+
+    from fewerbits.models import Llama, ModelConfig
+    from fewerbits.train.precision import apply_recipe
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    cfg = ModelConfig(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=128, max_seq_len=32)
+    model = Llama(cfg)
+    apply_recipe(model, "fp8_tensorwise", policy=fb.Policy(min_features=0, keep_last_blocks=0))
+    ids = torch.randint(0, 128, (2, 32))
+    eager = model(ids)
+    eager.float().square().sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    assert fb.compile_model(model, blocks=True) is model
+    assert all(block._compiled_call_impl is not None for block in model.layers)
+    out = model(ids)
+    out.float().square().sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1
+    assert torch.equal(out, eager)
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            assert torch.allclose(p.grad, grads[name], rtol=1e-5, atol=1e-7), name
+        else:
+            assert torch.equal(p.grad, grads[name]), name
+    with pytest.raises(ValueError, match="no list of blocks"):
+        fb.compile_model(nn.Linear(4, 4), blocks=True)
+    torch._dynamo.reset()

@@ -4,7 +4,8 @@
                    beforehand (the GEMM alone), TFLOP/s next to bf16's
     bench linear   one Linear's forward + backward per recipe against nn.Linear in bf16,
                    quantization included
-    bench train    a preset's training step under each recipe (optionally compiled):
+    bench train    a preset's training step under each recipe (optionally compiled, whole
+                   or block by block):
                    tokens/s, peak memory and the first step's time (with --compile, mostly
                    compilation); `--peer torchao` adds torchao's float8 training of the same
                    model in the same process
@@ -183,6 +184,7 @@ class TrainBench:
     steps: int = 10  #: timed steps (the median is reported)
     warmup: int = 3
     compile: bool = False
+    compile_blocks: bool = False  #: compile each transformer block instead of the whole model
     vocab_size: int = 8192
     device: str = "auto"
     save_quantized_inputs: bool = False  #: as the trainer's option (recipes' arms only)
@@ -252,7 +254,8 @@ def train_batch(model_cfg, batch_size: int, seq_len: int, device) -> tuple[torch
 def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tuple[float, float]:
     """(seconds of the first step, compilation included; median ms of the timed steps). The
     first step is one of the `warmup` steps when there are any, and never a timed one."""
-    step = training_step(model, x, y, compile=cfg.compile, device=device, autocast=autocast)
+    step = training_step(model, x, y, compile=cfg.compile or cfg.compile_blocks, device=device,
+                         autocast=autocast, blocks=cfg.compile_blocks)
     t0 = time.perf_counter()
     step()
     if device.type == "cuda":
@@ -261,14 +264,14 @@ def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tupl
     return first_s, time_ms(step, cfg.steps, max(cfg.warmup - 1, 0), device)
 
 
-def training_step(model, x, y, *, compile: bool, device, autocast: bool = False):
+def training_step(model, x, y, *, compile: bool, device, autocast: bool = False, blocks: bool = False):
     """The step `bench train` times, as a function: forward (compiled with `compile_model` if
     asked; the optimizer stays eager), cross-entropy, backward, clipping, the trainer's AdamW."""
     from .train.optim import AdamW, param_groups
 
     opt = AdamW(param_groups(model, 0.1), lr=1e-4)
     params = [p for p in model.parameters() if p.requires_grad]
-    step_model = compile_model(model) if compile else model
+    step_model = compile_model(model, blocks=blocks) if compile else model
 
     def step():
         with torch.autocast(device.type, torch.bfloat16, enabled=autocast):

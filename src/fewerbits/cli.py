@@ -224,11 +224,12 @@ def cmd_bench(args) -> int:
     else:
         cfg = bench.TrainBench(preset=args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
                                steps=args.iters, warmup=args.warmup, compile=args.compile, device=str(device),
-                               save_quantized_inputs=args.save_quantized_inputs)
+                               compile_blocks=args.compile_blocks, save_quantized_inputs=args.save_quantized_inputs)
         peers = [args.peer] if args.peer else []
         rows = bench.bench_train(cfg, recipes, peers=peers, echo=lambda line: print(line, file=sys.stderr))
         what = (f"bench train --preset {args.preset} --batch-size {args.batch_size} --seq-len {args.seq_len}"
-                + (" --compile" if args.compile else "") + (f" --peer {args.peer}" if args.peer else ""))
+                + (" --compile" if args.compile else "") + (" --compile-blocks" if args.compile_blocks else "")
+                + (f" --peer {args.peer}" if args.peer else ""))
         table = bench.train_table(rows)
     head = bench.header(device, f"`fewerbits {what} --recipes {','.join(recipes)}`") + (
         f", median of {args.iters} after {args.warmup} warm-up runs")
@@ -332,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
             b.add_argument("--batch-size", type=int, default=8, help="sequences per step")
             b.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
             b.add_argument("--compile", action="store_true", help="torch.compile every arm")
+            b.add_argument("--compile-blocks", action="store_true",
+                           help="torch.compile every arm block by block (one block's compile time)")
             b.add_argument("--save-quantized-inputs", action="store_true",
                            help="Linears keep their input's quantized column-wise copy for backward (as train's option)")
             b.add_argument("--peer", choices=["torchao"], default=None,

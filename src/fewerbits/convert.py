@@ -187,8 +187,14 @@ def convert(
     return report
 
 
-def compile_model(model: nn.Module, **kwargs):
+def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
     """torch.compile(model) with the quantizers seeing what eager mode sees.
+
+    blocks=True compiles each transformer block in place instead (the modules of the model's
+    list of blocks; the rest of the model runs eagerly) and returns the model: the blocks share
+    one code, so dynamo traces one and the others reuse its graph, and compiling takes about
+    one block's time instead of the whole stack's. What is lost is fusion across a block's
+    edges (its input and output are materialised, as eagerly).
 
     Inductor keeps the intermediate values of a fused kernel in fp32 unless asked to round them
     where the program casts (its `emulate_precision_casts` option): a Linear's bf16 output,
@@ -197,12 +203,20 @@ def compile_model(model: nn.Module, **kwargs):
     both options a converted model gives eager mode's bits (tests/test_convert.py, on a CPU).
     Other keyword arguments go to torch.compile; a `mode` is passed on as its inductor options,
     and a backend other than inductor gets none."""
-    if kwargs.get("backend", "inductor") != "inductor":
+    if kwargs.get("backend", "inductor") == "inductor":
+        mode = kwargs.pop("mode", None)
+        options = dict(torch._inductor.list_mode_options(mode)) if mode else {}
+        options.update({"emulate_precision_casts": True, **_division_rounding(), **kwargs.pop("options", {})})
+        kwargs["options"] = options
+    if not blocks:
         return torch.compile(model, **kwargs)
-    mode = kwargs.pop("mode", None)
-    options = dict(torch._inductor.list_mode_options(mode)) if mode else {}
-    options.update({"emulate_precision_casts": True, **_division_rounding(), **kwargs.pop("options", {})})
-    return torch.compile(model, options=options, **kwargs)
+    found = _blocks(model)
+    if found is None:
+        raise ValueError("compile_model(blocks=True) found no list of blocks (an nn.ModuleList of modules "
+                         "holding Linears) in the model; compile the whole model instead")
+    for block in model.get_submodule(found[0]):
+        block.compile(**kwargs)
+    return model
 
 
 def _division_rounding() -> dict:
