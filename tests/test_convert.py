@@ -57,6 +57,20 @@ def test_nvfp4_keeps_the_last_15_percent_of_blocks():
     assert "one of the last 3 of 20 blocks" in str(report)
 
 
+def test_the_blocks_are_the_outermost_list_even_with_more_experts_than_blocks():
+    """keep_last_blocks counts transformer blocks, not a block's experts, however many."""
+    class MoEBlock(nn.Module):
+        def __init__(self, d=16, n_experts=8):
+            super().__init__()
+            self.experts = nn.ModuleList(nn.Linear(d, d) for _ in range(n_experts))
+
+    model = nn.Module()
+    model.layers = nn.ModuleList(MoEBlock() for _ in range(4))
+    report = fb.convert(model, "fp8_tensorwise", policy=fb.Policy(min_features=0, keep_last_blocks=1))
+    kept = {r.name.split(".")[1] for r in report.kept if "blocks" in r.reason}
+    assert kept == {"3"}
+
+
 def test_policy_options():
     model = TinyLM(n=6)
     policy = fb.Policy(extra_keep=("*.attn",), keep_first_blocks=1, keep_last_blocks=2)

@@ -91,14 +91,17 @@ class ConversionReport:
 
 
 def _blocks(model: nn.Module) -> tuple[str, int] | None:
-    """(name, length) of the ModuleList that holds the transformer blocks, if there is one."""
+    """(name, length) of the ModuleList that holds the transformer blocks, if there is one: of
+    the ModuleLists whose modules hold Linears, the outermost (a mixture-of-experts block's list
+    of experts lies inside a block, and may be the longer list), the longest of those."""
     best = None
     for name, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList) and name:
             n = sum(any(isinstance(m, nn.Linear) for m in child.modules()) for child in mod)
-            if n and (best is None or n > best[2]):
-                best = (name, len(mod), n)
-    return None if best is None else best[:2]
+            key = (-name.count("."), n)
+            if n and (best is None or key > best[0]):
+                best = (key, name, len(mod))
+    return None if best is None else best[1:]
 
 
 def _native_fp8(recipe: Recipe, device: torch.device) -> bool:
