@@ -1,5 +1,7 @@
 """convert(): the layer policy, the report, Hugging Face models, and torch.compile."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn as nn
@@ -253,6 +255,7 @@ def test_compile_model_asks_inductor_for_eager_rounding(monkeypatch):
     assert seen[-1] == {"backend": "aot_eager"}
 
 
+@contextlib.contextmanager
 def divide_like_a_gpu(monkeypatch):
     """Make inductor lower a division by a constant as a product with its reciprocal on a CPU
     too, as it does on a GPU (torch's inductor `div_prim`; off for CPU tensors), with its caches
@@ -272,7 +275,8 @@ def divide_like_a_gpu(monkeypatch):
     for k in keys:
         monkeypatch.setitem(L.lowerings, k, div_prim)
     monkeypatch.setattr(L, "div_prim", div_prim)  # aten.div's lowering calls it by this name
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        yield
 
 
 def test_compiled_block_scales_survive_the_gpus_division_rewrite(monkeypatch):
@@ -283,17 +287,17 @@ def test_compiled_block_scales_survive_the_gpus_division_rewrite(monkeypatch):
     model gives eager mode's bits; with a plain division it reproduces the GPU's difference."""
     import fewerbits.scaling as scaling
 
-    divide_like_a_gpu(monkeypatch)
     x = torch.randn(256, 512, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
-    torch._dynamo.reset()
-    eager, grads, out, compiled_grads = eager_then_compiled(two_linears("fp8_blockwise"), x)
-    assert torch.equal(out, eager)
-    assert all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
+    with divide_like_a_gpu(monkeypatch):
+        torch._dynamo.reset()
+        eager, grads, out, compiled_grads = eager_then_compiled(two_linears("fp8_blockwise"), x)
+        assert torch.equal(out, eager)
+        assert all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
 
-    monkeypatch.setattr(scaling, "divide_by_constant", lambda t, d: t / d)  # the rewrite applies
-    torch._dynamo.reset()
-    eager, grads, out, compiled_grads = eager_then_compiled(two_linears("fp8_blockwise"), x)
-    assert not torch.equal(out, eager)
+        monkeypatch.setattr(scaling, "divide_by_constant", lambda t, d: t / d)  # the rewrite applies
+        torch._dynamo.reset()
+        eager, grads, out, compiled_grads = eager_then_compiled(two_linears("fp8_blockwise"), x)
+        assert not torch.equal(out, eager)
     torch._dynamo.reset()
 
 
