@@ -559,3 +559,17 @@ def test_saving_quantized_inputs_changes_no_bit(corpus, cache, tmp_path, recipe)
                         prepare(str(corpus), 512, cache), torch.device("cpu"))
     flags = {m.save_quantized_input for m in model.modules() if isinstance(m, QuantizedLinear) and m.recipe.name == recipe}
     assert flags == {True}  # the option reached every quantized Linear
+
+
+def test_train_compile_blocks_reaches_compile_model(corpus, cache, tmp_path, monkeypatch, capsys):
+    """`train --compile-blocks` compiles the model block by block (compile_model(blocks=True);
+    the compilation itself is replaced here: tests/test_convert.py compiles by blocks)."""
+    import fewerbits.train.loop as loop
+
+    calls = []
+    monkeypatch.setattr(loop, "compile_model", lambda model, **kw: calls.append(kw) or model)
+    out = str(tmp_path / "c")
+    assert main(["train", "--recipe", "fp8_tensorwise", "--steps", "2", "--compile-blocks", "--out", out,
+                 *cli(corpus, cache, tmp_path)]) == 0
+    assert calls == [{"blocks": True}]
+    capsys.readouterr()

@@ -80,6 +80,7 @@ class TrainConfig:
     resume: bool = False  #: continue the run in --out from its checkpoint
     overwrite: bool = False  #: start over in --out, deleting its checkpoint and metrics
     compile: bool = False  #: torch.compile the model
+    compile_blocks: bool = False  #: torch.compile each transformer block instead (one graph for all blocks: about one block's compile time)
     save_quantized_inputs: bool = False  #: Linears keep their input's quantized column-wise copy for backward instead of the input (less activation memory; the same bits where inputs round to nearest, as in every built-in recipe)
     progress: bool = True  #: show a progress line on the terminal
     tensorboard: bool = True  #: also write TensorBoard events (if tensorboard is installed)
@@ -237,7 +238,7 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     if cfg.grad_accum > 1:  # the micro-batches of a step share each quantized weight
         set_weight_cache(model, True)
-    step_model = compile_model(model) if cfg.compile else model
+    step_model = compile_model(model, blocks=cfg.compile_blocks) if cfg.compile or cfg.compile_blocks else model
     windows = eval_windows(data.val, cfg.eval_windows, cfg.seq_len)
     params = [p for p in model.parameters() if p.requires_grad]
     progress = Progress(cfg.steps, f"{recipe.name} ", cfg.progress)
