@@ -71,7 +71,7 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
     else:
         apply_recipe(model, recipe, device=device)
     compiled = args.compile or args.compile_blocks
-    step = bench.training_step(model, x, y, compile=compiled, device=device, autocast=autocast,
+    step = bench.training_step(model, x, y, compile=args.compile, device=device, autocast=autocast,
                                blocks=args.compile_blocks)
     wall = time_ms(step, 5, args.warmup, device)
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:

@@ -254,8 +254,8 @@ def train_batch(model_cfg, batch_size: int, seq_len: int, device) -> tuple[torch
 def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tuple[float, float]:
     """(seconds of the first step, compilation included; median ms of the timed steps). The
     first step is one of the `warmup` steps when there are any, and never a timed one."""
-    step = training_step(model, x, y, compile=cfg.compile or cfg.compile_blocks, device=device,
-                         autocast=autocast, blocks=cfg.compile_blocks)
+    step = training_step(model, x, y, compile=cfg.compile, device=device, autocast=autocast,
+                         blocks=cfg.compile_blocks)
     t0 = time.perf_counter()
     step()
     if device.type == "cuda":
@@ -266,12 +266,13 @@ def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tupl
 
 def training_step(model, x, y, *, compile: bool, device, autocast: bool = False, blocks: bool = False):
     """The step `bench train` times, as a function: forward (compiled with `compile_model` if
-    asked; the optimizer stays eager), cross-entropy, backward, clipping, the trainer's AdamW."""
+    asked, block by block with `blocks`; the optimizer stays eager), cross-entropy, backward,
+    clipping, the trainer's AdamW."""
     from .train.optim import AdamW, param_groups
 
     opt = AdamW(param_groups(model, 0.1), lr=1e-4)
     params = [p for p in model.parameters() if p.requires_grad]
-    step_model = compile_model(model, blocks=blocks) if compile else model
+    step_model = compile_model(model, blocks=blocks) if compile or blocks else model
 
     def step():
         with torch.autocast(device.type, torch.bfloat16, enabled=autocast):

@@ -204,8 +204,8 @@ def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
     fused into the next Linear's quantizer, would be quantized unrounded, and the codes would
     differ from eager mode's. On a GPU it also divides approximately unless asked not to. With
     both options a converted model gives eager mode's bits (tests/test_convert.py, on a CPU).
-    Other keyword arguments go to torch.compile; a `mode` is passed on as its inductor options,
-    and a backend other than inductor gets none."""
+    Other keyword arguments go to torch.compile (each block's `compile` with blocks=True); a
+    `mode` is passed on as its inductor options, and a backend other than inductor gets none."""
     if kwargs.get("backend", "inductor") == "inductor":
         mode = kwargs.pop("mode", None)
         options = dict(torch._inductor.list_mode_options(mode)) if mode else {}

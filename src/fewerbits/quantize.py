@@ -140,7 +140,8 @@ def requantize(x: torch.Tensor, q: QuantizedTensor, axis: int) -> QuantizedTenso
     """x quantized along `axis` with the one decode scale of q, x's own quantization (one fp32
     scale per tensor, rounding to nearest): quantize(x, q.scheme, axis=axis) without the amax
     pass, since a tensor's amax and so its scale do not depend on the axis. A Linear's backward
-    uses it for the weight's column-wise copy, with the forward's scale."""
+    uses it in compiled graphs for the weight's column-wise copy, with the forward's scale; it
+    makes the element pass over the whole matrix at once (eagerly `quantize` goes by slices)."""
     scheme = q.scheme
     if scheme.block != (-1, -1) or scheme.two_level or scheme.scale_fmt.bits <= 8:
         raise ValueError(f"requantize needs one fp32 scale per tensor, not {scheme.name}")
