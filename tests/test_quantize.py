@@ -1,5 +1,7 @@
 """quantize / dequantize against the independent oracle, worked examples, edge cases, errors."""
 
+import math
+import sys
 import numpy as np
 import pytest
 import torch
@@ -364,6 +366,70 @@ def test_a_compiled_scale_division_is_correctly_rounded(maximum):
     # the fp32 product with fp32(1/max), what inductor made of the plain division, is not
     if maximum not in (1.0, 2.0, 4.0, 8.0):
         assert not torch.equal(amax * torch.tensor(1.0 / maximum, dtype=torch.float32), eager)
+
+
+def test_the_compiled_element_pass_divides_by_a_product_exactly():
+    """x / scale as compiled graphs take it — x · fp64(1/scale), rounded once to fp32
+    (quantize._reciprocal) — is fp32's correctly rounded division: for x next to every kind of
+    rounding midpoint of the quotient, for power-of-two scales down to 2^-127, and, where the
+    quotient falls below fp32's normal range, the element codes are the same."""
+    from fewerbits.formats import FORMATS
+    from fewerbits.quantize import _reciprocal
+    from fewerbits.rounding import round_to_codes
+
+    gen = torch.Generator().manual_seed(1)
+    n = 1 << 16
+    s = torch.ldexp(torch.randint(1 << 23, 1 << 24, (n,), generator=gen).double(),
+                    torch.randint(-150, 100, (n,), generator=gen).double()).float()
+    s = s[(s >= torch.finfo(torch.float32).tiny) & torch.isfinite(s)]
+    # quotients at fp32 midpoints (2M + 1) · 2^(c-1), M a 24-bit significand, c anywhere from
+    # subnormal to large; x is the fp32 nearest m · s, and its neighbours a unit away
+    m = torch.ldexp(2 * torch.randint(1 << 23, 1 << 24, s.shape, generator=gen).double() + 1,
+                    torch.randint(-170, 10, s.shape, generator=gen).double() - 24)
+    x = (m * s.double()).float()
+    x = torch.cat([x, torch.nextafter(x, torch.full_like(x, math.inf)), torch.nextafter(x, torch.zeros_like(x))])
+    s = s.repeat(3)
+    x, s = torch.cat([x, -x]), torch.cat([s, s])
+    pow2 = torch.ldexp(torch.ones(255), torch.arange(-127, 128).double()).float()
+    xr = torch.randn(255, 64, generator=gen) * torch.ldexp(torch.ones(255, 1), torch.randint(-60, 60, (255, 1), generator=gen))
+    xs = torch.cat([x, xr.flatten()])
+    ss = torch.cat([s, pow2.repeat_interleave(64)])
+    product = (xs.double() * _reciprocal(ss)).float()
+    divided = xs / ss
+    normal = divided.abs() >= torch.finfo(torch.float32).tiny
+    assert normal.sum() > len(xs) // 2 and (~normal).sum() > 1000
+    assert torch.equal(product[normal].view(torch.int32), divided[normal].view(torch.int32))
+    assert (xs * (1.0 / ss) != divided).sum() > 1000  # fp32's reciprocal would not do: hard cases
+    for fmt in ("fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp4_e2m1"):
+        f = FORMATS[fmt]
+        assert torch.equal(round_to_codes(product, f), round_to_codes(divided, f)), fmt
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_the_element_pass_never_rounds_a_nan(name, monkeypatch):
+    """element_codes promises round_to_codes no NaN (nan_free: compiled graphs then skip the
+    NaN test): a NaN or ±inf element makes its block's scale NaN, and the block is zeroed
+    before rounding — with the tensor's own amax, an amax given instead (delayed scaling), and
+    stochastic rounding."""
+    import fewerbits.rounding
+    quantize_module = sys.modules["fewerbits.quantize"]
+
+    seen = []
+    real = fewerbits.rounding.round_to_codes
+
+    def checked(v, fmt, *, noise=None, nan_free=False):
+        seen.append(nan_free)
+        assert not (nan_free and torch.isnan(v).any()), "a NaN reached the rounding"
+        return real(v, fmt, noise=noise, nan_free=nan_free)
+
+    monkeypatch.setattr(quantize_module, "round_to_codes", checked)
+    x = torch.randn(70, 300, generator=torch.Generator().manual_seed(0)) * 100
+    x[3, 5], x[40, 200], x[69, 299] = float("nan"), float("inf"), -float("inf")
+    x[10] = 0.0
+    quantize(x, name)
+    quantize(x, name, axis=0, rounding="stochastic", generator=torch.Generator().manual_seed(1))
+    quantize(x, name, amax=torch.tensor(1e-3))  # values far beyond the amax saturate
+    assert True in seen  # the element pass went through the check (scale codes come as well)
 
 
 @pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor"])

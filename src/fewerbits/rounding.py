@@ -190,15 +190,18 @@ def check_code_width(fmt: FloatFormat) -> None:
         )
 
 
-def round_to_codes(v: torch.Tensor, fmt: FloatFormat, *, noise: torch.Tensor | None = None) -> torch.Tensor:
+def round_to_codes(v: torch.Tensor, fmt: FloatFormat, *, noise: torch.Tensor | None = None,
+                   nan_free: bool = False) -> torch.Tensor:
     """uint8 codes of `v` rounded onto `fmt` (saturating): the codes of round_to_format(v).
 
     NaN becomes the format's NaN code; a format without one refuses NaN (ValueError).
+    nan_free: the caller knows v holds no NaN (the quantizer's element pass: a block with NaN
+    has a NaN scale and is zeroed first), so compiled graphs need not test for it.
     """
     check_code_width(fmt)
     if (noise is None and v.dtype == torch.float32 and fmt.name in NATIVE_FP8 and fmt.torch_dtype is not None
             and torch.compiler.is_compiling()):
-        return native_fp8_codes(v, fmt)
+        return native_fp8_codes(v, fmt, nan_free=nan_free)
     nan = torch.isnan(v)
     if not fmt.has_nan and not torch.compiler.is_compiling() and bool(nan.any()):
         raise ValueError(f"{fmt.name} has no NaN code, and the input holds NaN")
@@ -221,16 +224,20 @@ def round_to_codes(v: torch.Tensor, fmt: FloatFormat, *, noise: torch.Tensor | N
     return code.to(torch.uint8)
 
 
-def native_fp8_codes(v: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+def native_fp8_codes(v: torch.Tensor, fmt: FloatFormat, *, nan_free: bool = False) -> torch.Tensor:
     """round_to_codes(v, fmt) for float32 v and an FP8 format, through torch's own conversion.
 
     The conversion rounds to nearest even, as the reference does; clamping to ±max first makes
     it saturate on every torch version, and NaN, whose sign a GPU's conversion may drop, gets
-    the reference's code explicitly. The same bits (tests/test_cast.py), in a few operations
+    the reference's code explicitly (unless the caller promises no NaN: the test and the
+    selects cost a kernel that also writes the transposed codes as much as the rest of it,
+    docs/kernels-notes.md v14). The same bits (tests/test_cast.py), in a few operations
     that a compiler fuses into its neighbours: compiled graphs take this path, whose cast is
     one instruction on the GPU instead of the reference's integer arithmetic.
     """
     code = v.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype).view(torch.uint8)
+    if nan_free:
+        return code
     sign_bit = 1 << (fmt.exp_bits + fmt.man_bits)
     nan_code = torch.where(torch.signbit(v), fmt.nan_code | sign_bit, fmt.nan_code).to(torch.uint8)
     return torch.where(torch.isnan(v), nan_code, code)
