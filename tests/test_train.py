@@ -499,6 +499,47 @@ def test_fused_adamw_kernel_follows_the_formula(state_dtype):
     assert opt.state[ours[1]]["step"].item() == 5
 
 
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("max_norm", [0.5, 1e6, float("inf")])
+def test_clipping_by_the_optimizer_equals_clip_then_step(fused, max_norm):
+    """clip_coefficient + AdamW.step(grad_scale=…) against torch's clip_grad_norm_ then step:
+    the same norm and, step after step, the same parameters and states bit for bit — on the
+    multi-tensor path and on the fused kernel (interpreted on a CPU), which leaves the
+    gradients unscaled instead of scaling them in place. max_norm 0.5 clips, 1e6 does not
+    (coefficient 1), inf is the trainer's 'no clipping'."""
+    from fewerbits.train.optim import clip_coefficient
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    shapes = [(33, 17), (4099,), (5, 3, 2), (1,)]
+    ours = [torch.randn(s, device=device, requires_grad=True) for s in shapes]
+    ref = [p.detach().clone().requires_grad_() for p in ours]
+    make = lambda ps: fb.train.optim.AdamW([{"params": ps[:2], "weight_decay": 0.1},  # noqa: E731
+                                            {"params": ps[2:], "weight_decay": 0.0}], lr=3e-3, fused=fused)
+    opt, ref_opt = make(ours), make(ref)
+    clipped = 0
+    for step in range(4):
+        for a, b in zip(ours, ref):
+            g = torch.randn(a.shape, device=device) * 10 ** (step - 1)
+            a.grad, b.grad = g.clone(), g.clone()
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref, max_norm)
+        ref_opt.step()
+        norm, coefficient = clip_coefficient(ours, max_norm)
+        grads = [a.grad.clone() for a in ours]
+        opt.step(grad_scale=coefficient)
+        assert torch.equal(norm, ref_norm)
+        clipped += int(coefficient.item() < 1)
+        for a, b in zip(ours, ref):
+            assert torch.equal(a, b)
+            assert torch.equal(opt.state[a]["exp_avg"], ref_opt.state[b]["exp_avg"])
+            assert torch.equal(opt.state[a]["exp_avg_sq"], ref_opt.state[b]["exp_avg_sq"])
+        if fused:  # the kernel scaled what it read, not the stored gradients
+            assert all(torch.equal(a.grad, g) for a, g in zip(ours, grads))
+    assert (clipped > 0) == (max_norm == 0.5)
+    with pytest.raises(ValueError, match="one-element floating-point"):
+        opt.step(grad_scale=torch.ones(2))
+
+
 def test_fused_adamw_refuses_what_it_cannot_update():
     p = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.float64))
     p.grad = torch.randn(4, 4, dtype=torch.float64)
@@ -518,9 +559,9 @@ def test_a_step_frees_its_gradients_and_logits(corpus, cache, tmp_path, monkeypa
     grads, alive_grads, logits_freed = [], [], []
     real_step, real_forward, real_ce = AdamW.step, Llama.forward, F.cross_entropy
 
-    def step(self, closure=None):
+    def step(self, closure=None, **kw):
         grads[:] = [weakref.ref(p.grad) for g in self.param_groups for p in g["params"] if p.grad is not None]
-        return real_step(self, closure)
+        return real_step(self, closure, **kw)
 
     def forward(self, tokens):
         if torch.is_grad_enabled():

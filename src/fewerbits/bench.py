@@ -267,8 +267,9 @@ def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tupl
 def training_step(model, x, y, *, compile: bool, device, autocast: bool = False, blocks: bool = False):
     """The step `bench train` times, as a function: forward (compiled with `compile_model` if
     asked, block by block with `blocks`; the optimizer stays eager), cross-entropy, backward,
-    clipping, the trainer's AdamW."""
-    from .train.optim import AdamW, param_groups
+    clipping and the trainer's AdamW, as the trainer runs them (the clipping coefficient
+    applied by AdamW as it reads each gradient)."""
+    from .train.optim import AdamW, clip_coefficient, param_groups
 
     opt = AdamW(param_groups(model, 0.1), lr=1e-4)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -280,8 +281,7 @@ def training_step(model, x, y, *, compile: bool, device, autocast: bool = False,
         loss = F.cross_entropy(logits, y.reshape(-1))
         del logits  # as the trainer: no name holds the logits through backward
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        opt.step(grad_scale=clip_coefficient(params, 1.0)[1])  # clipping, applied as AdamW reads
         opt.zero_grad(set_to_none=True)
 
     return step

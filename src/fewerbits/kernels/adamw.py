@@ -11,7 +11,10 @@ arithmetic per element is the optimizer's formula in its order, each operation r
     u ← (m / (1 − β1ᵗ)) / (√(v / (1 − β2ᵗ)) + ε)  (+ wd·p)
     p ← p + (−lr)·u
 
-The parameter and its gradient are fp32; the states fp32 or bf16.
+The parameter and its gradient are fp32; the states fp32 or bf16. With a gradient scale s (a
+0-d fp32 tensor on the device: gradient clipping's coefficient), g is first rounded to g·s in
+fp32, as clipping's in-place multiplication would make it, without a pass of its own; the
+stored gradient is left as it was.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ BLOCK = 2048
 
 
 @triton.jit
-def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n, lr, w1, b2, w2, eps, wd, bc1, bc2,
-                  BLOCK: tl.constexpr, STATE_BF16: tl.constexpr, DECAY: tl.constexpr):
+def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, s_ptr, n, lr, w1, b2, w2, eps, wd, bc1, bc2,
+                  BLOCK: tl.constexpr, STATE_BF16: tl.constexpr, DECAY: tl.constexpr, SCALED: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     p = tl.load(p_ptr + offs, mask=mask, other=0.0)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    if SCALED:
+        g = g * tl.load(s_ptr)
     m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if w1 < 0.5:  # torch's lerp, both branches as it writes them
@@ -60,15 +65,21 @@ def supported(p: torch.Tensor, state_dtype: torch.dtype) -> bool:
 
 
 def adamw_step(p: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, lr: float,
-               beta1: float, beta2: float, eps: float, weight_decay: float, step: int) -> None:
-    """One AdamW update of `p` (in place, with its `.grad`), the states updated in place."""
+               beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
+               grad_scale: torch.Tensor | None = None) -> None:
+    """One AdamW update of `p` (in place, with its `.grad` times `grad_scale` if given: a 0-d
+    fp32 tensor on p's device), the states updated in place."""
     n = p.numel()
     if n == 0:
         return
+    if grad_scale is not None and (grad_scale.numel() != 1 or grad_scale.dtype != torch.float32
+                                   or grad_scale.device != p.device):
+        raise ValueError(f"grad_scale must be one fp32 value on {p.device}, not {tuple(grad_scale.shape)} "
+                         f"{grad_scale.dtype} on {grad_scale.device}")
     # the scalars as the multi-tensor ops receive them: computed in double, used in fp32
     _adamw_kernel[(triton.cdiv(n, BLOCK),)](
-        p, p.grad, exp_avg, exp_avg_sq, n, lr, 1 - beta1, beta2, 1 - beta2, eps, weight_decay,
-        1 - beta1**step, 1 - beta2**step,
+        p, p.grad, exp_avg, exp_avg_sq, p.grad if grad_scale is None else grad_scale, n, lr, 1 - beta1,
+        beta2, 1 - beta2, eps, weight_decay, 1 - beta1**step, 1 - beta2**step,
         BLOCK=BLOCK, STATE_BF16=exp_avg.dtype == torch.bfloat16, DECAY=weight_decay != 0,
-        enable_fp_fusion=False,
+        SCALED=grad_scale is not None, enable_fp_fusion=False,
     )

@@ -36,7 +36,7 @@ from ..recipes import get_recipe
 from . import checkpoint as ckpt
 from .data import TokenData, batch, eval_windows, prepare
 from .metrics import Metrics, Progress, read_metrics
-from .optim import AdamW, param_groups
+from .optim import AdamW, clip_coefficient, param_groups
 from .precision import apply_recipe
 from .scaler import LossScaler
 
@@ -274,7 +274,10 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
                 # would keep them alive through the next step's forward and backward)
                 torch._foreach_mul_([p.grad for p in params if p.grad is not None], 1.0 / scaler.scale)
             clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip).item()
+            # clipping's coefficient goes to the optimizer, which scales each gradient as it
+            # reads it (the fused AdamW: no pass over the gradients of its own)
+            norm, clip_coef = clip_coefficient(params, clip)
+            grad_norm = norm.item()
             found_inf = not (math.isfinite(grad_norm) and math.isfinite(loss_value))
             ema = counters["loss_ema"]
             spike = ema is not None and step >= warmup and loss_value > cfg.spike_factor * ema
@@ -282,7 +285,7 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
             if skip:
                 counters["skipped"] += 1
             else:
-                opt.step()
+                opt.step(grad_scale=clip_coef)
             opt.zero_grad(set_to_none=True)
             scaler.update(found_inf)
             counters["spikes"] += int(spike)

@@ -54,11 +54,22 @@ class AdamW(torch.optim.Optimizer):
         return (self.fused or kernels.uses_triton(p)) and adamw.supported(p, self.state_dtype)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, *, grad_scale: torch.Tensor | None = None):
         """One update of every parameter with a gradient: by the fused kernel (see the class),
         or with torch's multi-tensor ops for the parameters of a group that share a device,
         dtype and step count. The arithmetic per element is the single-tensor formula's, in
-        the same order."""
+        the same order.
+
+        grad_scale: a one-element fp32 tensor (`clip_coefficient`'s) that every gradient is
+        multiplied by first — the update clipping then stepping would make, bit for bit. The
+        fused kernel applies it as it reads the gradient (no pass of its own) and leaves the
+        gradient as it was; the multi-tensor path scales the gradients in place first."""
+        if closure is not None:
+            raise ValueError("AdamW.step takes no closure")
+        if grad_scale is not None and (not isinstance(grad_scale, torch.Tensor) or grad_scale.numel() != 1
+                                       or not grad_scale.is_floating_point()):
+            raise ValueError("grad_scale must be a one-element floating-point tensor (clip_coefficient's)")
+        scales: dict = {}  # grad_scale on each parameter's device, moved once
         for group in self.param_groups:
             b1, b2 = group["betas"]
             batches: dict = {}
@@ -71,12 +82,18 @@ class AdamW(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype)
                     state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype)
                 state["step"] += 1
+                scale = None
+                if grad_scale is not None:
+                    scale = scales.setdefault(p.device, grad_scale.reshape(()).to(p.device, torch.float32))
                 if self._fused_for(p):
                     from ..kernels.adamw import adamw_step
 
                     adamw_step(p, state["exp_avg"], state["exp_avg_sq"], lr=group["lr"], beta1=b1, beta2=b2,
-                               eps=group["eps"], weight_decay=group["weight_decay"], step=state["step"].item())
+                               eps=group["eps"], weight_decay=group["weight_decay"], step=state["step"].item(),
+                               grad_scale=scale)
                     continue
+                if scale is not None:
+                    p.grad.mul_(scale)  # as clipping scales it, in the gradient's own dtype
                 key = (p.device, p.dtype, state["step"].item())
                 batches.setdefault(key, []).append((p, state))
             for (_device, _dtype, t), members in batches.items():
@@ -102,3 +119,19 @@ class AdamW(torch.optim.Optimizer):
         if group["weight_decay"]:
             torch._foreach_add_(update, [p.float() for p in params], alpha=group["weight_decay"])
         torch._foreach_add_(params, [u.to(p.dtype) for u, p in zip(update, params)], alpha=-group["lr"])
+
+
+@torch.no_grad()
+def clip_coefficient(params, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(total 2-norm of the gradients, min(max_norm / (norm + 1e-6), 1)), both 0-d tensors on
+    the device (fp32 for fp32 gradients), computed as torch.nn.utils.clip_grad_norm_ computes
+    them, without scaling
+    any gradient: `AdamW.step(grad_scale=coefficient)` then makes clip-then-step's update bit
+    for bit, and on the fused kernel saves clipping's read and write of every gradient."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        zero = torch.zeros((), dtype=torch.float32)
+        return zero, torch.ones((), dtype=torch.float32)
+    norm = torch.nn.utils.get_total_norm(grads, 2.0)
+    coefficient = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
+    return norm, coefficient
