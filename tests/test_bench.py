@@ -77,6 +77,35 @@ def test_bench_cli(tmp_path, capsys, monkeypatch):
     assert "--peer torchao needs torchao" in capsys.readouterr().err
 
 
+def test_bench_train_json_keeps_the_arms_of_a_run_stopped_early(tmp_path, capsys, monkeypatch):
+    """`bench train --json` writes the arms measured so far after each one (complete: false),
+    so a run cut off by a time limit keeps them; a finished run writes complete: true."""
+    out = tmp_path / "t.json"
+    argv = ["bench", "train", "--preset", "tiny", "--batch-size", "1", "--seq-len", "8", "--iters", "1",
+            "--warmup", "0", "--device", "cpu", "--recipes", "bf16,fp8_tensorwise,mxfp4", "--json", str(out)]
+    real = bench._time_training
+    seen = []
+
+    def stop_at_the_third_arm(model, *a, **kw):
+        seen.append(json.loads(out.read_text())["rows"] if out.exists() else [])
+        if len(seen) == 3:
+            raise KeyboardInterrupt  # as a time limit would stop it
+        return real(model, *a, **kw)
+
+    monkeypatch.setattr(bench, "_time_training", stop_at_the_third_arm)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    kept = json.loads(out.read_text())
+    assert kept["complete"] is False and [r["recipe"] for r in kept["rows"]] == ["bf16", "fp8_tensorwise"]
+    assert kept["rows"][1]["vs_bf16"] > 0 and "bench train --preset tiny" in kept["header"]
+    assert [len(s) for s in seen] == [0, 1, 2] and not (tmp_path / "t.json.tmp").exists()
+    monkeypatch.setattr(bench, "_time_training", real)
+    assert main(argv) == 0
+    done = json.loads(out.read_text())
+    assert done["complete"] is True and [r["recipe"] for r in done["rows"]] == ["bf16", "fp8_tensorwise", "mxfp4"]
+    capsys.readouterr()
+
+
 @pytest.mark.cuda
 def test_bench_train_on_cuda_reports_peak_memory():
     cfg = bench.TrainBench(preset="tiny", batch_size=2, seq_len=32, steps=2, warmup=1, device="cuda")

@@ -190,9 +190,10 @@ class TrainBench:
     save_quantized_inputs: bool = False  #: as the trainer's option (recipes' arms only)
 
 
-def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None) -> list[dict]:
+def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None, on_rows=None) -> list[dict]:
     """Tokens/s and peak memory of a training step of `cfg.preset` under each recipe (and each
-    peer), all in this process; the bf16 recipe is measured first as the baseline."""
+    peer), all in this process; the bf16 recipe is measured first as the baseline. on_rows, if
+    given, gets the rows measured so far after each arm (a long run stopped early keeps them)."""
     from .models import Llama, get_preset
 
     device = resolve_device(cfg.device)
@@ -234,13 +235,13 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None) -
         row = {"recipe": name, "ms_per_step": ms, "tokens_per_s": cfg.batch_size * cfg.seq_len / ms * 1e3,
                "peak_memory_bytes": peak, "first_step_s": first_s}
         rows.append(row)
+        base = rows[0]
+        row["vs_bf16"] = row["tokens_per_s"] / base["tokens_per_s"]
+        row["memory_vs_bf16"] = peak / base["peak_memory_bytes"] if base["peak_memory_bytes"] else None
         echo(f"{name}: {ms:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, first step {first_s:.1f} s")
         del model
-    base = rows[0]
-    for r in rows:
-        r["vs_bf16"] = r["tokens_per_s"] / base["tokens_per_s"]
-        r["memory_vs_bf16"] = (r["peak_memory_bytes"] / base["peak_memory_bytes"]
-                               if base["peak_memory_bytes"] else None)
+        if on_rows is not None:
+            on_rows(rows)
     return rows
 
 

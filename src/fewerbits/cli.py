@@ -226,18 +226,35 @@ def cmd_bench(args) -> int:
                                steps=args.iters, warmup=args.warmup, compile=args.compile, device=str(device),
                                compile_blocks=args.compile_blocks, save_quantized_inputs=args.save_quantized_inputs)
         peers = [args.peer] if args.peer else []
-        rows = bench.bench_train(cfg, recipes, peers=peers, echo=lambda line: print(line, file=sys.stderr))
         what = (f"bench train --preset {args.preset} --batch-size {args.batch_size} --seq-len {args.seq_len}"
                 + (" --compile" if args.compile else "") + (" --compile-blocks" if args.compile_blocks else "")
                 + (f" --peer {args.peer}" if args.peer else ""))
+        head = _bench_head(bench, device, what, recipes, args)
+        # the arms measured so far are on disk after each one, marked incomplete until the end
+        partial = (lambda rows: _write_json(args.json, {"header": head, "complete": False, "rows": rows})
+                   ) if args.json else None
+        rows = bench.bench_train(cfg, recipes, peers=peers, echo=lambda line: print(line, file=sys.stderr),
+                                 on_rows=partial)
         table = bench.train_table(rows)
-    head = bench.header(device, f"`fewerbits {what} --recipes {','.join(recipes)}`") + (
-        f", median of {args.iters} after {args.warmup} warm-up runs")
+    head = _bench_head(bench, device, what, recipes, args)
     print(f"{head}\n\n{table}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"header": head, "rows": rows}, f, indent=2)
+        _write_json(args.json, {"header": head, "complete": True, "rows": rows})
     return 0
+
+
+def _bench_head(bench, device, what: str, recipes, args) -> str:
+    return bench.header(device, f"`fewerbits {what} --recipes {','.join(recipes)}`") + (
+        f", median of {args.iters} after {args.warmup} warm-up runs")
+
+
+def _write_json(path: str, obj) -> None:
+    """Write `obj` to `path` through a temporary file beside it, so that a reader (or a run
+    stopped mid-write) sees the previous whole file or the new one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
 
 
 def cmd_memory(args) -> int:
@@ -321,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
         b.add_argument("--device", default="auto", help="auto, cpu or cuda")
         b.add_argument("--iters", type=int, default=10, help="timed runs (the median is reported)")
         b.add_argument("--warmup", type=int, default=3, help="untimed runs first")
-        b.add_argument("--json", default=None, help="also write the rows to this JSON file")
+        b.add_argument("--json", default=None, help="also write the rows to this JSON file (bench train: after each arm too)")
         if what in ("gemm", "train"):
             b.add_argument("--preset", default="tiny", help="model shapes (see fewerbits.models.PRESETS)")
         if what == "gemm":
