@@ -276,10 +276,9 @@ def _reciprocal(scale: torch.Tensor) -> torch.Tensor:
     (e_s: the exponent of the last bit of s), so |q − m| > 2^(c − 25) > 2^-49 · q: the fp64
     product never crosses a midpoint, and rounds as q does. For a power-of-two scale the product
     is exact in fp64 (the reciprocal of the scale 2^127, 2^-127, is normal there, as it is not
-    in fp32). A quotient below fp32's normal
-    range may round differently by one unit of 2^-149, which every element format takes to the
-    same code (zero), so the codes are the reference's bit for bit; tests/test_quantize.py
-    checks values next to every kind of midpoint."""
+    in fp32). A quotient below fp32's normal range may round differently by one unit of 2^-149,
+    which every element format takes to the same code (zero), so the codes are the reference's
+    bit for bit; tests/test_quantize.py checks values next to every kind of midpoint."""
     return 1.0 / scale.double()
 
 

@@ -60,8 +60,8 @@ class AdamW(torch.optim.Optimizer):
         dtype and step count. The arithmetic per element is the single-tensor formula's, in
         the same order.
 
-        grad_scale: a one-element fp32 tensor (`clip_coefficient`'s) that every gradient is
-        multiplied by first — the update clipping then stepping would make, bit for bit. The
+        grad_scale: a one-element tensor (`clip_coefficient`'s coefficient) that every gradient
+        is multiplied by first — the update clipping then stepping would make, bit for bit. The
         fused kernel applies it as it reads the gradient (no pass of its own) and leaves the
         gradient as it was; the multi-tensor path scales the gradients in place first."""
         if closure is not None:
@@ -84,19 +84,19 @@ class AdamW(torch.optim.Optimizer):
                 state["step"] += 1
                 scale = None
                 if grad_scale is not None:
-                    scale = scales.setdefault(p.device, grad_scale.reshape(()).to(p.device, torch.float32))
+                    scale = scales.setdefault(p.device, grad_scale.reshape(()).to(p.device))
                 if self._fused_for(p):
                     from ..kernels.adamw import adamw_step
 
                     adamw_step(p, state["exp_avg"], state["exp_avg_sq"], lr=group["lr"], beta1=b1, beta2=b2,
                                eps=group["eps"], weight_decay=group["weight_decay"], step=state["step"].item(),
-                               grad_scale=scale)
+                               grad_scale=None if scale is None else scale.float())
                     continue
-                if scale is not None:
-                    p.grad.mul_(scale)  # as clipping scales it, in the gradient's own dtype
                 key = (p.device, p.dtype, state["step"].item())
                 batches.setdefault(key, []).append((p, state))
-            for (_device, _dtype, t), members in batches.items():
+            for (device, _dtype, t), members in batches.items():
+                if grad_scale is not None:  # in place, as clipping scales them
+                    torch._foreach_mul_([p.grad for p, _ in members], scales[device])
                 self._update([p for p, _ in members], [s for _, s in members], group, b1, b2, t)
 
     def _update(self, params, states, group, b1, b2, t):
