@@ -214,38 +214,41 @@ def cmd_bench(args) -> int:
 
     device = resolve_device(args.device)
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    head = bench.header(device, f"`fewerbits {_bench_command(args)} --recipes {','.join(recipes)}`") + (
+        f", median of {args.iters} after {args.warmup} warm-up runs")
     if args.what == "gemm":
         rows = bench.bench_gemm(args.preset, recipes, tokens=args.tokens, device=device, iters=args.iters,
                                 warmup=args.warmup)
-        what, table = f"bench gemm --preset {args.preset} --tokens {args.tokens}", bench.gemm_table(rows)
+        table = bench.gemm_table(rows)
     elif args.what == "linear":
         rows = bench.bench_linear(args.shapes, recipes, device=device, iters=args.iters, warmup=args.warmup)
-        what, table = "bench linear --shapes " + " ".join("x".join(map(str, s)) for s in args.shapes), bench.linear_table(rows)
+        table = bench.linear_table(rows)
     else:
         cfg = bench.TrainBench(preset=args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
                                steps=args.iters, warmup=args.warmup, compile=args.compile, device=str(device),
                                compile_blocks=args.compile_blocks, save_quantized_inputs=args.save_quantized_inputs)
         peers = [args.peer] if args.peer else []
-        what = (f"bench train --preset {args.preset} --batch-size {args.batch_size} --seq-len {args.seq_len}"
-                + (" --compile" if args.compile else "") + (" --compile-blocks" if args.compile_blocks else "")
-                + (f" --peer {args.peer}" if args.peer else ""))
-        head = _bench_head(bench, device, what, recipes, args)
         # the arms measured so far are on disk after each one, marked incomplete until the end
         partial = (lambda rows: _write_json(args.json, {"header": head, "complete": False, "rows": rows})
                    ) if args.json else None
         rows = bench.bench_train(cfg, recipes, peers=peers, echo=lambda line: print(line, file=sys.stderr),
                                  on_rows=partial)
         table = bench.train_table(rows)
-    head = _bench_head(bench, device, what, recipes, args)
     print(f"{head}\n\n{table}")
     if args.json:
         _write_json(args.json, {"header": head, "complete": True, "rows": rows})
     return 0
 
 
-def _bench_head(bench, device, what: str, recipes, args) -> str:
-    return bench.header(device, f"`fewerbits {what} --recipes {','.join(recipes)}`") + (
-        f", median of {args.iters} after {args.warmup} warm-up runs")
+def _bench_command(args) -> str:
+    """The bench command line the header names (without --recipes)."""
+    if args.what == "gemm":
+        return f"bench gemm --preset {args.preset} --tokens {args.tokens}"
+    if args.what == "linear":
+        return "bench linear --shapes " + " ".join("x".join(map(str, s)) for s in args.shapes)
+    return (f"bench train --preset {args.preset} --batch-size {args.batch_size} --seq-len {args.seq_len}"
+            + (" --compile" if args.compile else "") + (" --compile-blocks" if args.compile_blocks else "")
+            + (f" --peer {args.peer}" if args.peer else ""))
 
 
 def _write_json(path: str, obj) -> None:

@@ -82,9 +82,9 @@ class AdamW(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype)
                     state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype)
                 state["step"] += 1
-                scale = None
-                if grad_scale is not None:
-                    scale = scales.setdefault(p.device, grad_scale.reshape(()).to(p.device))
+                if grad_scale is not None and p.device not in scales:
+                    scales[p.device] = grad_scale.reshape(()).to(p.device)
+                scale = scales.get(p.device)
                 if self._fused_for(p):
                     from ..kernels.adamw import adamw_step
 
