@@ -21,6 +21,7 @@ import torch
 
 import fewerbits as fb
 from fewerbits.benchmark import time_ms
+from fewerbits.scaling import exact_reciprocal
 
 quantize_module = sys.modules["fewerbits.quantize"]
 plan_cls = quantize_module.Plan
@@ -49,7 +50,7 @@ def multiplying():
     def every_block(self, r0, r1):
         if self.scheme.two_level or self.noise is not None:
             return None
-        recip = quantize_module._reciprocal(self.factor)
+        recip = exact_reciprocal(self.factor)
         return quantize_module._per_element(recip, self.br, self.bc, r0, r1, self.cols)
 
     return mock.patch.object(plan_cls, "block_reciprocals", every_block)

@@ -370,11 +370,11 @@ def test_a_compiled_scale_division_is_correctly_rounded(maximum):
 
 def test_the_compiled_element_pass_divides_by_a_product_exactly():
     """x / scale as compiled graphs take it — x · fp64(1/scale), rounded once to fp32
-    (quantize._reciprocal) — is fp32's correctly rounded division: for x next to every kind of
+    (scaling.exact_reciprocal) — is fp32's correctly rounded division: for x next to every kind of
     rounding midpoint of the quotient, for power-of-two scales down to 2^-127, and, where the
     quotient falls below fp32's normal range, the element codes are the same."""
     from fewerbits.formats import FORMATS
-    from fewerbits.quantize import _reciprocal
+    from fewerbits.scaling import exact_reciprocal
     from fewerbits.rounding import round_to_codes
 
     gen = torch.Generator().manual_seed(1)
@@ -394,7 +394,7 @@ def test_the_compiled_element_pass_divides_by_a_product_exactly():
     xr = torch.randn(255, 64, generator=gen) * torch.ldexp(torch.ones(255, 1), torch.randint(-60, 60, (255, 1), generator=gen))
     xs = torch.cat([x, xr.flatten()])
     ss = torch.cat([s, pow2.repeat_interleave(64)])
-    product = (xs.double() * _reciprocal(ss)).float()
+    product = (xs.double() * exact_reciprocal(ss)).float()
     divided = xs / ss
     normal = divided.abs() >= torch.finfo(torch.float32).tiny
     assert normal.sum() > len(xs) // 2 and (~normal).sum() > 1000

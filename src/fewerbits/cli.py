@@ -341,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
         b.add_argument("--device", default="auto", help="auto, cpu or cuda")
         b.add_argument("--iters", type=int, default=10, help="timed runs (the median is reported)")
         b.add_argument("--warmup", type=int, default=3, help="untimed runs first")
-        b.add_argument("--json", default=None, help="also write the rows to this JSON file (bench train: after each arm too)")
+        b.add_argument("--json", default=None,
+                       help="also write the rows to this JSON file (bench train: after each arm too)")
         if what in ("gemm", "train"):
             b.add_argument("--preset", default="tiny", help="model shapes (see fewerbits.models.PRESETS)")
         if what == "gemm":

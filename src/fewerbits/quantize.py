@@ -38,7 +38,7 @@ from .rounding import (
     round_to_codes,
     work_dtype,
 )
-from .scaling import amax_scale, block_amax, pow2_scale, two_level_scales
+from .scaling import amax_scale, block_amax, exact_reciprocal, pow2_scale, two_level_scales
 from .schemes import Scheme, get_scheme
 
 
@@ -148,7 +148,8 @@ def requantize(x: torch.Tensor, q: QuantizedTensor, axis: int) -> QuantizedTenso
     ax = _normalize_axis(axis, x.dim())
     X = _to_matrix(x.detach(), ax)
     scale = q.scale.float().reshape(1, 1)
-    codes = element_codes(X, scale, scheme, reciprocal=_reciprocal(scale) if torch.compiler.is_compiling() else None)
+    reciprocal = exact_reciprocal(scale) if torch.compiler.is_compiling() else None
+    codes = element_codes(X, scale, scheme, reciprocal=reciprocal)
     return assemble(pack(codes, scheme.elem), scale, scheme, x.shape, ax)
 
 
@@ -156,7 +157,8 @@ def element_codes(chunk, block_factor, scheme: Scheme, noise=None, *, reciprocal
     """The element pass: codes of x scaled by its block's factor (the spec of every kernel).
 
     reciprocal: fp64 1 / scale per element (not with two-level schemes or noise), for x / scale
-    as x · reciprocal rounded once to fp32 (`_reciprocal` says why it is the same quotient)."""
+    as x · reciprocal rounded once to fp32 (`scaling.exact_reciprocal` says why it is the same
+    quotient)."""
     if scheme.two_level:
         scaled = chunk * block_factor  # x × enc, the product rounded in fp32
     elif reciprocal is not None:
@@ -204,7 +206,7 @@ class Plan:
         if (self.scheme.two_level or self.noise is not None or self.bc != self.cols
                 or not torch.compiler.is_compiling()):
             return None
-        return _per_element(_reciprocal(self.factor), self.br, self.bc, r0, r1, self.cols)
+        return _per_element(exact_reciprocal(self.factor), self.br, self.bc, r0, r1, self.cols)
 
     def finish(self, data: torch.Tensor) -> QuantizedTensor:
         """The QuantizedTensor from packed element codes."""
@@ -262,24 +264,6 @@ def _block_amaxes(x: torch.Tensor, X: torch.Tensor, br: int, bc: int, axis: int)
         if br == 1:
             return x.abs().amax(dim=axis).float().reshape(rows, 1)
     return block_amax(_blocked(X, br, bc))
-
-
-def _reciprocal(scale: torch.Tensor) -> torch.Tensor:
-    """fp64 1 / scale, per block, for compiled graphs' element pass: x · (1 / scale) in fp64,
-    rounded once to fp32, is x / scale correctly rounded, for fp32 x and any fp32 scale, and
-    costs a GPU less than an fp32 division correctly rounded (`div_rn`) per element.
-
-    Why the same fp32 number: let q = x / s exactly, with fp32 ulp 2^c. fp64's reciprocal and
-    product err by under 2^-52 · q together. For q in fp32's normal range, a rounding midpoint
-    m = (2M + 1) · 2^(c-1) (2^23 ≤ M < 2^24) is never q — x = m · s would need the odd factor
-    2M + 1 > 2^24 in a 24-bit significand — and x − m · s is a nonzero multiple of 2^(e_s + c − 1)
-    (e_s: the exponent of the last bit of s), so |q − m| > 2^(c − 25) > 2^-49 · q: the fp64
-    product never crosses a midpoint, and rounds as q does. For a power-of-two scale the product
-    is exact in fp64 (the reciprocal of the scale 2^127, 2^-127, is normal there, as it is not
-    in fp32). A quotient below fp32's normal range may round differently by one unit of 2^-149,
-    which every element format takes to the same code (zero), so the codes are the reference's
-    bit for bit; tests/test_quantize.py checks values next to every kind of midpoint."""
-    return 1.0 / scale.double()
 
 
 def fake_quantize(x: torch.Tensor, scheme: str | Scheme, *, dtype=torch.float32, **kwargs):

@@ -77,8 +77,27 @@ def divide_by_constant(x: torch.Tensor, divisor: float) -> torch.Tensor:
     its relative error is under 2^-52, while for d = m·2^k with m odd, a/d is never an fp32
     rounding midpoint and lies at least 2^-26/m (relative) away from one; so for every element
     maximum (6, 7.5, 28, 448, 57344: m = 3, 15, 7, 7, 7) the fp32 result is the correctly
-    rounded quotient either way (tests/test_quantize.py checks it over every binade)."""
+    rounded quotient either way (tests/test_quantize.py checks it over every binade;
+    `exact_reciprocal` gives the argument for any fp32 divisor)."""
     return (x.double() / divisor).float()
+
+
+def exact_reciprocal(scale: torch.Tensor) -> torch.Tensor:
+    """fp64 1 / scale, for compiled graphs' element pass: x · (1 / scale) in fp64, rounded once
+    to fp32, is x / scale correctly rounded, for fp32 x and any fp32 scale (divide_by_constant's
+    rewritten form is the case of a constant scale).
+
+    Why the same fp32 number: let q = x / s exactly, with fp32 ulp 2^c. fp64's reciprocal and
+    product err by under 2^-52 · q together. For q in fp32's normal range, a rounding midpoint
+    m = (2M + 1) · 2^(c-1) (2^23 ≤ M < 2^24) is never q — x = m · s would need the odd factor
+    2M + 1 > 2^24 in a 24-bit significand — and x − m · s is a nonzero multiple of 2^(e_s + c − 1)
+    (e_s: the exponent of the last bit of s), so |q − m| > 2^(c − 25) > 2^-49 · q: the fp64
+    product never crosses a midpoint, and rounds as q does. For a power-of-two scale the product
+    is exact in fp64 (the reciprocal of the scale 2^127, 2^-127, is normal there, as it is not
+    in fp32). A quotient below fp32's normal range may round differently by one unit of 2^-149,
+    which every element format takes to the same code (zero), so the codes are the reference's
+    bit for bit; tests/test_quantize.py checks values next to every kind of midpoint."""
+    return 1.0 / scale.double()
 
 
 def pow2_exponent(amax: torch.Tensor, elem: FloatFormat, rule: str) -> torch.Tensor:
