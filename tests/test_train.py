@@ -540,6 +540,32 @@ def test_clipping_by_the_optimizer_equals_clip_then_step(fused, max_norm):
         opt.step(grad_scale=torch.ones(2))
 
 
+def test_a_cached_quantized_weight_follows_the_fused_update():
+    """The fused kernel writes the parameters through raw pointers; their version counters must
+    still move, or a QuantizedLinear caching its weight (the trainer's setting under gradient
+    accumulation) would go on multiplying the first step's quantized weight."""
+    from fewerbits.train.optim import AdamW
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    layer = fb.QuantizedLinear(64, 32, recipe="fp8_tensorwise", device=device)
+    layer.cache_weight = True
+    opt = AdamW(layer.parameters(), lr=1e-2, fused=True)
+    x = torch.randn(16, 64, device=device)
+    for _ in range(2):
+        versions = [p._version for p in layer.parameters()]
+        layer(x).square().sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        assert all(p._version > v for p, v in zip(layer.parameters(), versions))
+        with torch.no_grad():
+            cached = layer(x)
+            layer.cache_weight = False  # empties the cache: the weight quantized afresh
+            fresh = layer(x)
+            layer.cache_weight = True
+        assert torch.equal(cached, fresh)
+
+
 def test_fused_adamw_refuses_what_it_cannot_update():
     p = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.float64))
     p.grad = torch.randn(4, 4, dtype=torch.float64)

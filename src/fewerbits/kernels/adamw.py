@@ -68,7 +68,8 @@ def adamw_step(p: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
                grad_scale: torch.Tensor | None = None) -> None:
     """One AdamW update of `p` (in place, with its `.grad` times `grad_scale` if given: a 0-d
-    fp32 tensor on p's device), the states updated in place."""
+    fp32 tensor on p's device), the states updated in place; the three tensors' version
+    counters move on, as an in-place torch operation would move them."""
     n = p.numel()
     if n == 0:
         return
@@ -83,3 +84,8 @@ def adamw_step(p: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
         BLOCK=BLOCK, STATE_BF16=exp_avg.dtype == torch.bfloat16, DECAY=weight_decay != 0,
         SCALED=grad_scale is not None, enable_fp_fusion=False,
     )
+    # the kernel wrote through raw pointers, which autograd's version counters do not see:
+    # count the writes, so that whatever keys on a tensor's version (QuantizedLinear's weight
+    # cache, autograd's check of saved tensors) sees the new values as new
+    for t in (p, exp_avg, exp_avg_sq):
+        torch.autograd.graph.increment_version(t)
