@@ -143,6 +143,26 @@ def test_native_equals_emulated(a_name, b_name, rule, m, k, n):
     assert ((native - exact).norm() / exact.norm()) < 0.08
 
 
+@pytest.mark.parametrize("a_name, b_name", [("fp8_e4m3_tensor", "fp8_e4m3_tensor"),
+                                            ("fp8_e5m2_tensor", "fp8_e4m3_tensor"), ("fp8_e4m3_row", "fp8_e4m3_row")])
+def test_fast_accumulation_stays_near_the_exact_product(a_name, b_name):
+    """use_fast_accum (the FP8 recipes' forward GEMM) against a float64 product of the same
+    quantized values, beside the promoting GEMM, at an inner dimension of 4096: the hardware's
+    accumulator is undocumented (DeepSeek-V3 §3.3.2: about 14 bits), so only a bound is checked."""
+    torch.manual_seed(0)
+    a = torch.randn(1024, 4096, device="cuda") * torch.rand(1024, 1, device="cuda") * 10
+    b = torch.randn(1024, 4096, device="cuda")
+    qa, qb = fb.quantize(a, a_name), fb.quantize(b, b_name)
+    exact = qa.dequantize_matrix().double() @ qb.dequantize_matrix().double().t()
+    errors = {}
+    for fast in (False, True):
+        out = scaled_matmul(qa, qb, out_dtype=torch.float32, native=True, fast_accum=fast).double()
+        errors[fast] = ((out - exact).norm() / exact.norm()).item()
+    print(f"\n{a_name} x {b_name}, K=4096, relative to the exact product: promoting {errors[False]:.2e}, "
+          f"fast {errors[True]:.2e}")
+    assert errors[False] < 5e-4 and errors[True] < 5e-3, errors
+
+
 def test_native_column_wise_operands():
     """dgrad and wgrad shapes: the column-wise copies go through the native kernels too."""
     torch.manual_seed(0)

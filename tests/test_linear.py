@@ -289,6 +289,39 @@ def test_recipe_registry_and_errors():
     assert "Hadamard 32" in str(fb.get_recipe("mxfp4").wgrad)
 
 
+def test_fast_accumulation_is_asked_for_per_gemm(monkeypatch):
+    """The FP8 recipes' forward GEMM accumulates fast and their gradient GEMMs promote to fp32,
+    as Transformer Engine and torchao define them; blockwise promotes everywhere. Each GEMM of a
+    Linear hands its own flag to scaled_matmul (a user recipe may set it on any GEMM)."""
+    import fewerbits.linear as linear
+
+    for name in ("fp8_tensorwise", "fp8_delayed", "fp8_rowwise"):
+        r = fb.get_recipe(name)
+        assert (r.fprop.fast_accum, r.dgrad.fast_accum, r.wgrad.fast_accum) == (True, False, False), name
+        assert "fast accumulation" in str(r.fprop) and "fast" not in str(r.dgrad)
+    assert not any(g.fast_accum for n, r in fb.RECIPES.items() if not n.startswith(("fp8_t", "fp8_d", "fp8_r"))
+                   for g in (r.fprop, r.dgrad, r.wgrad))
+    with pytest.raises(ValueError, match="fast_accum must be True or False"):
+        fb.Gemm(fast_accum="yes")
+
+    seen = []
+    real = linear.scaled_matmul
+
+    def record(a, b, **kw):
+        seen.append(kw["fast_accum"])
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(linear, "scaled_matmul", record)
+    e4 = fb.Operand("fp8_e4m3_tensor")
+    for recipe, want in ((fb.get_recipe("fp8_tensorwise"), [True, False, False]),
+                         (fb.Recipe("acc", fprop=fb.Gemm(e4, e4), dgrad=fb.Gemm(e4, e4, fast_accum=True),
+                                    wgrad=fb.Gemm(e4, e4)), [False, True, False])):
+        seen.clear()
+        layer = fb.QuantizedLinear(64, 32, recipe=recipe)
+        layer(torch.randn(16, 64, requires_grad=True)).sum().backward()
+        assert seen == want, recipe.name
+
+
 def test_weight_qat_is_straight_through():
     """The GEMMs see the fake-quantized weight; the master weight gets that gradient as is."""
     recipe = fb.get_recipe("mxfp4_qat_experts").experts

@@ -99,7 +99,7 @@ def bench_gemm(preset: str, recipes, *, tokens: int = 8192, device="auto", iters
                     return quantize(t, op.scheme, axis=axis)
 
                 a, b = prep(ta, axa, gemm.a), prep(tb, axb, gemm.b)
-                ms = time_ms(lambda: _matmul(a, b, torch.bfloat16, recipe, "auto"), iters, warmup, device)
+                ms = time_ms(lambda: _matmul(a, b, torch.bfloat16, recipe, "auto", gemm), iters, warmup, device)
                 row[f"{gemm_name}_ms"] = ms
                 row[f"{gemm_name}_tflops"] = flops / ms / 1e9
             rows.append(row)

@@ -102,8 +102,12 @@ def scaled_matmul(
     *,
     out_dtype: torch.dtype = torch.bfloat16,
     native: bool | str = "auto",
+    fast_accum: bool = False,
 ) -> torch.Tensor:
-    """C = A · Bᵀ for two quantized operands, fp32 accumulation, output in `out_dtype`."""
+    """C = A · Bᵀ for two quantized operands, fp32 accumulation, output in `out_dtype`.
+
+    fast_accum: a native GEMM keeps its sums in the tensor cores' accumulator, without
+    promoting them to fp32 (`recipes.Gemm.fast_accum`); emulation accumulates in fp32 either way."""
     if a.matrix_shape[1] != b.matrix_shape[1]:
         raise ValueError(f"inner dimensions differ: {a.matrix_shape} · {b.matrix_shape}ᵀ")
     if native not in ("auto", True, False):
@@ -111,7 +115,7 @@ def scaled_matmul(
     if native is not False:
         reason = native_reason(a, b)
         if reason is None:
-            return _native(a, b, out_dtype)
+            return _native(a, b, out_dtype, fast_accum)
         if native is True:
             raise RuntimeError(f"native scaled matmul unavailable: {reason}; use native=False to emulate")
     return emulated_matmul(a, b, out_dtype)
@@ -124,7 +128,7 @@ def _fp8(q: QuantizedTensor) -> torch.Tensor:
     return q.data.view(q.scheme.elem.torch_dtype)
 
 
-def _native(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype) -> torch.Tensor:
+def _native(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
     mat_a, mat_b = _fp8(a), _fp8(b).t()  # (M, K) row-major; (K, N) column-major, no copy
     kind = (_kind(a), _kind(b))
     if kind[0] in ("tensor", "row"):
@@ -133,7 +137,7 @@ def _native(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype) -> t
             sa, sb = sa.reshape(()), sb.reshape(())
         else:
             sa, sb = sa.reshape(-1, 1), sb.reshape(1, -1)  # (M, 1), (1, N)
-        return torch._scaled_mm(mat_a, mat_b, sa, sb, out_dtype=out_dtype)
+        return torch._scaled_mm(mat_a, mat_b, sa, sb, out_dtype=out_dtype, use_fast_accum=fast_accum)
     st = F.ScalingType
     sa = a.scale.t().contiguous().t()  # (M, K/128), stride (1, M)
     if kind[1] == "1x128":
@@ -144,7 +148,8 @@ def _native(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype) -> t
     # The operator F.scaled_mm calls, named as an aten operator: torch 2.11's dynamo does not trace
     # torch._scaled_mm_v2 (a graph break per GEMM), but traces every aten operator.
     return torch.ops.aten._scaled_mm_v2.default(
-        mat_a, mat_b, [sa], [st.BlockWise1x128.value], [], [sb], [recipe_b.value], [], None, out_dtype
+        mat_a, mat_b, [sa], [st.BlockWise1x128.value], [], [sb], [recipe_b.value], [], None, out_dtype,
+        [], fast_accum,
     )
 
 

@@ -192,14 +192,14 @@ def share_operands(on: bool) -> None:
     SHARED_OPERANDS.clear()
 
 
-def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native) -> torch.Tensor:
-    """A · Bᵀ for prepared operands (quantized, values, or high-precision matrices)."""
+def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native, gemm: Gemm) -> torch.Tensor:
+    """A · Bᵀ for prepared operands (quantized, values, or high-precision matrices) of `gemm`."""
     if isinstance(a, _Values) or isinstance(b, _Values):  # gemm.emulated_matmul's bf16 path
         A, B = (o.matrix if isinstance(o, _Values) else kernels.dequantize_matrix(o, torch.bfloat16, tensor_scale=False)
                 for o in (a, b))
         return values_matmul(A, B, (a.tensor_scale, b.tensor_scale), out_dtype)
     if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor):
-        return scaled_matmul(a, b, out_dtype=out_dtype, native=native)
+        return scaled_matmul(a, b, out_dtype=out_dtype, native=native, fast_accum=gemm.fast_accum)
     dtype = recipe.compute_dtype
     A = kernels.dequantize_matrix(a, dtype) if isinstance(a, QuantizedTensor) else a
     B = kernels.dequantize_matrix(b, dtype) if isinstance(b, QuantizedTensor) else b
@@ -258,7 +258,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
             b = _prepare(weight, fp.b, fp, 1, dt, amax_w)
         else:
             b = cfg.weight_operand(weight, fp.b, fp, 1, dt, amax_w)
-        out = _matmul(a, b, x.dtype, recipe, cfg.native)  # a drop-in: output in x's dtype
+        out = _matmul(a, b, x.dtype, recipe, cfg.native, fp)  # a drop-in: output in x's dtype
         if bias is not None:
             out = out + bias.to(out.dtype)
         if state is not None:
@@ -311,7 +311,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
                 b = _prepare(weight, dg.b, dg, 0, dt, ctx.amax_w)
             else:
                 b = cfg.weight_operand(weight, dg.b, dg, 0, dt, ctx.amax_w)
-            grad_input = _matmul(a, b, ctx.x_dtype, recipe, cfg.native).reshape(ctx.x_shape)
+            grad_input = _matmul(a, b, ctx.x_dtype, recipe, cfg.native, dg).reshape(ctx.x_shape)
 
         # ---- wgrad: grad_weight = grad_output_t @ input ---------------- (N, M) · (K, M)ᵀ
         if ctx.needs_input_grad[1]:
@@ -328,7 +328,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
                 b = replace(ctx.input_t, data=data, scale=scale, tensor_scale=tensor_scale)
             else:
                 b = SHARED_OPERANDS.prepare(ctx.saved_tensors[1], wg.b, wg, 0, dt, ctx.amax_in)
-            grad_weight = _matmul(a, b, weight.dtype, recipe, cfg.native)
+            grad_weight = _matmul(a, b, weight.dtype, recipe, cfg.native, wg)
 
         if state is not None:
             state.record("grad_output", g2)

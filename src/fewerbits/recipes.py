@@ -57,11 +57,25 @@ HP = Operand()
 
 @dataclass(frozen=True)
 class Gemm:
-    """Both operands of one GEMM, and an optional Hadamard transform along its inner dimension."""
+    """Both operands of one GEMM, an optional Hadamard transform along its inner dimension, and
+    how a native FP8 GEMM accumulates.
+
+    fast_accum: the native FP8 GEMM keeps its sums in the tensor cores' own accumulator for the
+    whole inner dimension (`torch._scaled_mm(use_fast_accum=True)`), faster on Hopper, instead of
+    promoting partial sums to fp32 as it goes. DeepSeek-V3 (arXiv 2412.19437 §3.3.2) measures that
+    accumulator at about 14 bits on Hopper. Transformer Engine and torchao accumulate so in the
+    forward GEMM only (TE's `_2X_ACC_FPROP = False`, torchao's `gemm_config_output`) and promote
+    in both gradient GEMMs. The hardware's accumulator is not documented, so an emulated GEMM
+    (CPU, MX, NVFP4) accumulates in fp32 whatever this says; only native GEMMs see it."""
 
     a: Operand = HP  #: the left operand (input, grad_output, grad_output_t)
     b: Operand = HP  #: the right operand (weight, weight, input_t)
     hadamard: Hadamard | None = None  #: applied to both operands, so the product is unchanged
+    fast_accum: bool = False  #: native FP8: the tensor cores' accumulator, no fp32 promotion
+
+    def __post_init__(self):
+        if not isinstance(self.fast_accum, bool):
+            raise ValueError(f"fast_accum must be True or False, not {self.fast_accum!r}")
 
     @property
     def quantized(self) -> bool:
@@ -69,7 +83,8 @@ class Gemm:
 
     def __str__(self) -> str:
         h = f" + Hadamard {self.hadamard.size}" if self.hadamard else ""
-        return f"{self.a} × {self.b}{h}"
+        acc = ", fast accumulation" if self.fast_accum else ""
+        return f"{self.a} × {self.b}{h}{acc}"
 
 
 @dataclass(frozen=True)
@@ -150,11 +165,12 @@ def _fp16() -> Recipe:
 
 
 def _fp8(name: str, delayed: DelayedScaling | None, doc: str) -> Recipe:
-    # HYBRID: E4M3 forward operands, E5M2 gradients; one fp32 scale per tensor
+    # HYBRID: E4M3 forward operands, E5M2 gradients; one fp32 scale per tensor; the forward GEMM
+    # accumulates fast, the gradient GEMMs promote to fp32 (TE's _2X_ACC_FPROP/DGRAD/WGRAD)
     e4, e5 = _op("fp8_e4m3_tensor"), _op("fp8_e5m2_tensor")
     return Recipe(
         name,
-        fprop=Gemm(e4, e4),  # output      = input_e4m3 @ weight_e4m3ᵀ
+        fprop=Gemm(e4, e4, fast_accum=True),  # output = input_e4m3 @ weight_e4m3ᵀ
         dgrad=Gemm(e5, e4),  # grad_input  = grad_e5m2  @ weight_e4m3
         wgrad=Gemm(e5, e4),  # grad_weight = grad_e5m2ᵀ @ input_e4m3
         delayed=delayed,
@@ -180,12 +196,13 @@ def _fp8_rowwise() -> Recipe:
     """E4M3 for every operand, one power-of-two fp32 scale per row along the inner dimension.
 
     Power-of-two scales (torchao's rowwise recipe rounds scales to powers of two) use the
-    rceil rule, so nothing saturates.
+    rceil rule, so nothing saturates. The forward GEMM accumulates fast, the gradient GEMMs in
+    fp32, as torchao's defaults have it (its Float8LinearConfig's per-GEMM configs).
     """
     row = _op("fp8_e4m3_row", rule="rceil")
     return Recipe(
         "fp8_rowwise",
-        fprop=Gemm(row, row),  # output      = input_rows @ weight_rowsᵀ
+        fprop=Gemm(row, row, fast_accum=True),  # output = input_rows @ weight_rowsᵀ
         dgrad=Gemm(row, row),  # grad_input  = grad_rows  @ weight_cols
         wgrad=Gemm(row, row),  # grad_weight = grad_colsᵀ @ input_cols
         source="torchao float8 rowwise (Float8LinearRecipeName.ROWWISE)",
