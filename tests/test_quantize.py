@@ -368,6 +368,34 @@ def test_a_compiled_scale_division_is_correctly_rounded(maximum):
         assert not torch.equal(amax * torch.tensor(1.0 / maximum, dtype=torch.float32), eager)
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_16x16", "fp8_e4m3_tensor", "fp8_e4m3_1x128", "mxfp8_e4m3", "mxfp4"])
+def test_compiled_quantizers_take_no_fp32_reciprocal(name):
+    """Inductor emits an fp32 reciprocal on a GPU as an approximate division (up to 2 ulps; the
+    division-rounding option that compile_model sets covers divisions only): a scale or NVFP4's
+    enc made so can be one ulp off eager mode's, and an element rounds the other way (42 codes of
+    one 256 × 512 matrix on the H200). The compiled quantizer's graph must divide instead; fp64
+    reciprocals (exact_reciprocal) are correctly rounded either way."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    reciprocals = []
+
+    def inspect(gm, _inputs):
+        reciprocals.extend(n.meta["val"].dtype for n in gm.graph.nodes
+                           if n.op == "call_function" and n.target == torch.ops.aten.reciprocal.default)
+        return gm
+
+    def q(t, axis):
+        out = quantize(t, name, axis=axis)
+        return out.data, out.scale, out.tensor_scale
+
+    torch._dynamo.reset()
+    compiled = torch.compile(q, backend=aot_autograd(fw_compiler=inspect), fullgraph=True)
+    for axis in (1, 0):
+        compiled(torch.randn(64, 256), axis)
+    torch._dynamo.reset()
+    assert all(dtype == torch.float64 for dtype in reciprocals), reciprocals
+
+
 def test_the_compiled_element_pass_divides_by_a_product_exactly():
     """x / scale as compiled graphs take it — x · fp64(1/scale), rounded once to fp32
     (scaling.exact_reciprocal) — is fp32's correctly rounded division: for x next to every kind of

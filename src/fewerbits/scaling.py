@@ -54,6 +54,16 @@ def _reciprocal_f32(value: float, like: torch.Tensor) -> torch.Tensor:
     return _f32(1.0, like) / _f32(value, like)
 
 
+def _one_over(x: torch.Tensor) -> torch.Tensor:
+    """1 / x correctly rounded, for fp32 x, compiled or not. Written `1.0 / x`, torch takes a
+    reciprocal, which inductor emits on a GPU as an approximate division (up to 2 ulps; the
+    division-rounding option compile_model sets covers divisions, not reciprocals): compiled
+    NVFP4 then scaled some elements by an enc one ulp off eager mode's, and 42 of 65,536
+    codes of one bf16 matrix came out different on the H200. A division by x is correctly
+    rounded in both."""
+    return _f32(1.0, x) / x
+
+
 def _nan_where_not_finite(scale: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(amax), scale, torch.nan)
 
@@ -143,7 +153,7 @@ def two_level_tensor_scales(
     s_enc = torch.clamp(_f32(scale_fmt.max * elem.max, tensor_amax) / tensor_amax, max=FLT_MAX)
     degenerate = (tensor_amax == 0) | ~torch.isfinite(s_enc) | (s_enc == 0)
     s_enc = torch.where(degenerate, _f32(1.0, s_enc), s_enc)
-    return s_enc, 1.0 / s_enc, s_enc * _reciprocal_f32(elem.max, s_enc)
+    return s_enc, _one_over(s_enc), s_enc * _reciprocal_f32(elem.max, s_enc)
 
 
 def two_level_scales(
@@ -155,7 +165,7 @@ def two_level_scales(
     raw = raw.clamp(-scale_fmt.max, scale_fmt.max)
     block = round_to_format(raw, scale_fmt)  # exact in fp32 for E4M3
     block = _nan_where_not_finite(block, block_amax)
-    enc = torch.clamp(1.0 / (block * s_dec), max=FLT_MAX)
+    enc = torch.clamp(_one_over(block * s_dec), max=FLT_MAX)
     return block, s_dec, enc
 
 
