@@ -370,7 +370,7 @@ def test_a_compiled_scale_division_is_correctly_rounded(maximum):
 
 @pytest.mark.parametrize("name", ["nvfp4", "nvfp4_16x16", "fp8_e4m3_tensor", "fp8_e4m3_1x128", "mxfp8_e4m3", "mxfp4"])
 def test_compiled_quantizers_take_no_fp32_reciprocal(name):
-    """Inductor emits an fp32 reciprocal on a GPU as an approximate division (up to 2 ulps; the
+    """Inductor emits an fp32 reciprocal on a GPU as an approximate division (the
     division-rounding option that compile_model sets covers divisions only): a scale or NVFP4's
     enc made so can be one ulp off eager mode's, and an element rounds the other way (42 codes of
     one 256 × 512 matrix on the H200). The compiled quantizer's graph must divide instead; fp64

@@ -49,19 +49,18 @@ def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
     return device_constant(("f32", float(value)), lambda: torch.tensor(value, dtype=torch.float32), like.device)
 
 
-def _reciprocal_f32(value: float, like: torch.Tensor) -> torch.Tensor:
-    """fp32(1 / value), the division done in fp32 as a kernel would."""
-    return _f32(1.0, like) / _f32(value, like)
-
-
 def _one_over(x: torch.Tensor) -> torch.Tensor:
     """1 / x correctly rounded, for fp32 x, compiled or not. Written `1.0 / x`, torch takes a
-    reciprocal, which inductor emits on a GPU as an approximate division (up to 2 ulps; the
-    division-rounding option compile_model sets covers divisions, not reciprocals): compiled
-    NVFP4 then scaled some elements by an enc one ulp off eager mode's, and 42 of 65,536
-    codes of one bf16 matrix came out different on the H200. A division by x is correctly
-    rounded in both."""
+    reciprocal, which inductor emits on a GPU as an approximate division (the division-rounding
+    option compile_model sets covers divisions, not reciprocals): compiled NVFP4 then scaled
+    some elements by an enc one ulp off eager mode's, and 42 of 65,536 codes of one bf16 matrix
+    came out different on the H200. A division by x is correctly rounded in both."""
     return _f32(1.0, x) / x
+
+
+def _reciprocal_f32(value: float, like: torch.Tensor) -> torch.Tensor:
+    """fp32(1 / value), the division done in fp32 as a kernel would."""
+    return _one_over(_f32(value, like))
 
 
 def _nan_where_not_finite(scale: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
