@@ -198,6 +198,44 @@ def eager_then_compiled(model: nn.Module, x: torch.Tensor):
     return eager, grads, out, [p.grad for p in model.parameters()]
 
 
+@pytest.mark.parametrize("name", ["mxfp8", "nvfp4_naive"])
+def test_compiled_emulated_gemms_take_their_values_from_the_one_kernel(name, monkeypatch):
+    """In a compiled graph an emulated GEMM's operands come from the Triton kernel that makes
+    the bf16 values in one pass, called as the operator fewerbits::rowblock_values, not from
+    inductor's fusion of the reference quantizer and a dequantization: forward and backward
+    are eager mode's bits (the kernel interpreted on a CPU, under the triton backend)."""
+    from fewerbits import kernels
+    from fewerbits.kernels import rowblock
+
+    calls = []
+    real = rowblock.quantize_rowblocks
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("values", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rowblock, "quantize_rowblocks", counted)
+    torch._dynamo.reset()
+    kernels.set_backend("triton")
+    try:
+        model = two_linears(name)
+        x = torch.randn(64, 512, dtype=torch.bfloat16)
+        eager = model(x)
+        eager.float().square().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        calls.clear()
+        out = fb.compile_model(model)(x)
+        out.float().square().sum().backward()
+    finally:
+        kernels.set_backend("auto")
+        torch._dynamo.reset()
+    # forward: input and weight of two Linears; backward: dgrad's and wgrad's operands
+    assert calls.count(True) >= 8, calls
+    assert torch.equal(out, eager)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+
+
 def test_compile_model_gives_eager_bits_through_inductor():
     """Two FP8 Linears compiled by inductor: the second quantizes the first's bf16 output, which
     inductor would keep in fp32 inside a fused kernel; compile_model makes it round as eager

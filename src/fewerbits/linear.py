@@ -102,10 +102,11 @@ class _Values:
 
 def _as_values(gemm: Gemm, t: torch.Tensor) -> bool:
     """Whether this GEMM's operands are made as values: it runs emulated on bf16 operands and
-    the Triton backend makes the values in one kernel, with no codes in between."""
+    the Triton backend makes the values in one kernel, with no codes in between (eagerly, or in
+    a compiled graph through the kernel's operator: `kernels.values_in_one_kernel`)."""
     a, b = gemm.a.scheme, gemm.b.scheme
-    return (a is not None and b is not None and kernels.uses_triton(t)
-            and emulated_in_bf16(get_scheme(a), get_scheme(b)))
+    return (a is not None and b is not None and emulated_in_bf16(get_scheme(a), get_scheme(b))
+            and (kernels.uses_triton(t) or any(kernels.values_in_one_kernel(t, s) for s in (a, b))))
 
 
 def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None, codes: bool = False):

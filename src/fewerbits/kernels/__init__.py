@@ -2,7 +2,8 @@
 
     set_backend("auto")        Triton for CUDA tensors when Triton imports (outside torch.compile),
                                the reference otherwise
-    set_backend("triton")      Triton always (CPU tensors too, under TRITON_INTERPRET=1: for tests)
+    set_backend("triton")      Triton for every tensor outside torch.compile (CPU tensors too,
+                               under TRITON_INTERPRET=1: for tests)
     set_backend("reference")   the plain-torch reference everywhere
 
 `quantize()` here takes the reference's arguments and returns the reference's bits, and
@@ -32,7 +33,7 @@ from ..quantize import QuantizedTensor, make_plan, matrix_view
 from ..quantize import _normalize_axis as normalize_axis
 from ..quantize import quantize as reference_quantize
 from ..rounding import check_float_tensor, check_rounding, draw_noise
-from ..schemes import get_scheme
+from ..schemes import SCHEMES, get_scheme
 
 BACKENDS = ("auto", "triton", "reference")
 _backend = "auto"
@@ -60,13 +61,12 @@ def triton_available() -> bool:
 
 
 def uses_triton(x: torch.Tensor) -> bool:
-    if _backend == "reference":
+    """Whether the Triton kernels run for x now. Never inside a graph torch.compile traces:
+    its compiler fuses the reference's operations itself (into kernels of its own; the bits
+    are the reference's either way), except the values of `values_in_one_kernel`."""
+    if _backend == "reference" or torch.compiler.is_compiling():
         return False
-    if _backend == "triton":
-        return True
-    # "auto": not inside a graph torch.compile traces, whose compiler fuses the reference's
-    # operations itself (into kernels of its own; the bits are the reference's either way)
-    return x.is_cuda and not torch.compiler.is_compiling() and triton_available()
+    return _backend == "triton" or (x.is_cuda and triton_available())
 
 
 def _matrix_and_noise(x: torch.Tensor, rounding: str, generator, axis: int):
@@ -112,19 +112,63 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
     return plan.finish(codes)
 
 
+def values_in_one_kernel(x: torch.Tensor, scheme) -> bool:
+    """Whether `quantized_values` makes x's values in the one Triton kernel: 1 × bc and square
+    blocks, on the Triton backend — inside graphs torch.compile traces too, as an operator the
+    compiler calls without looking in (`fewerbits::rowblock_values`), for a registry scheme.
+    The compiler's own fusion of the reference quantizer and a dequantization gives the same
+    values but ran slower than eager mode (docs/kernels-notes.md, v17)."""
+    if not triton_available() or _backend == "reference":
+        return False
+    from . import rowblock
+
+    scheme = get_scheme(scheme)
+    if not rowblock.supported(scheme):
+        return False
+    if not torch.compiler.is_compiling():
+        return uses_triton(x)
+    return (_backend == "triton" or x.is_cuda) and _registry_scheme(scheme)
+
+
+def _registry_scheme(scheme) -> bool:
+    """Whether the scheme is a registry scheme under some scale rule (an operator's arguments
+    name it by its name and rule)."""
+    named = SCHEMES.get(scheme.name)
+    return named is not None and named.with_rule(scheme.scale_rule) == scheme
+
+
+@torch.library.custom_op("fewerbits::rowblock_values", mutates_args=())
+def _rowblock_values(X: torch.Tensor, scheme: str, scale_rule: str,
+                     noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one-kernel values of the (R, C) matrix X as an operator for compiled graphs: (the bf16
+    values, the per-tensor decode scale, or 0 for a one-level scheme)."""
+    from . import rowblock
+
+    values, _, s_dec = rowblock.quantize_rowblocks(X, get_scheme(scheme, scale_rule), noise, values=True)
+    return values, s_dec if s_dec is not None else X.new_zeros((), dtype=torch.float32)
+
+
+@_rowblock_values.register_fake
+def _(X, scheme, scale_rule, noise):
+    return X.new_empty(X.shape, dtype=torch.bfloat16), X.new_empty((), dtype=torch.float32)
+
+
 def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=None, axis=-1):
     """(bf16 matrix, per-tensor decode scale or None): the values an emulated GEMM multiplies —
     `quantize(x, ...).dequantize_matrix(bf16, tensor_scale=False)` and its `tensor_scale` — for
     a scheme whose values are exact in bf16. 1 × bc and square blocks on the Triton backend
-    make them in one kernel that never stores the codes; otherwise quantize, then dequantize."""
+    make them in one kernel that never stores the codes (`values_in_one_kernel`); otherwise
+    quantize, then dequantize."""
     scheme_ = get_scheme(scheme)
-    if uses_triton(x):
+    if values_in_one_kernel(x, scheme_):
         from . import rowblock
 
-        if rowblock.supported(scheme_):
-            _, X, noise = _matrix_and_noise(x, rounding, generator, axis)
+        _, X, noise = _matrix_and_noise(x, rounding, generator, axis)
+        if uses_triton(x):
             values, _, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, noise, values=True)
             return values, tensor_scale
+        values, tensor_scale = torch.ops.fewerbits.rowblock_values(X, scheme_.name, scheme_.scale_rule, noise)
+        return values, tensor_scale if scheme_.two_level else None
     q = quantize(x, scheme_, rounding=rounding, generator=generator, axis=axis)
     return dequantize_matrix(q, torch.bfloat16, tensor_scale=False), q.tensor_scale
 
@@ -142,4 +186,4 @@ def dequantize_matrix(q: QuantizedTensor, dtype: torch.dtype = torch.float32, *,
 
 
 __all__ = ["BACKENDS", "set_backend", "backend", "triton_available", "uses_triton", "quantize",
-           "quantized_values", "dequantize_matrix"]
+           "quantized_values", "values_in_one_kernel", "dequantize_matrix"]
