@@ -25,8 +25,9 @@ that way, and the input's from the forward GEMM, whose codes are what the layer 
 
 An emulated GEMM whose operands dequantize exactly to bf16 (MX, NVFP4: no native kernel) gets
 them on the Triton backend as bf16 values straight from the quantization kernel — the codes are
-never stored and read back — except operands that are kept (cached weights, saved inputs),
-which stay codes. The GEMM multiplies the same values either way.
+never stored and read back; in a compiled graph the kernel runs as an operator — except
+operands that are kept (cached weights, saved inputs), which stay codes. The GEMM multiplies
+the same values either way.
 
 What is saved for backward: the weight (the parameter itself, no copy; with weight QAT, its
 fake-quantized copy, which is what dgrad multiplies by) and the input — its forward codes where
