@@ -6,6 +6,10 @@
                                under TRITON_INTERPRET=1: for tests)
     set_backend("reference")   the plain-torch reference everywhere
 
+Inside graphs torch.compile traces, the reference's operations are compiled instead, except the
+bf16 values of emulated GEMM operands, which come from the one-pass kernel called as an operator
+(`values_in_one_kernel`).
+
 `quantize()` here takes the reference's arguments and returns the reference's bits, and
 `dequantize_matrix()` gives `QuantizedTensor.dequantize_matrix`'s values in one kernel
 (kernels/dequant.py):

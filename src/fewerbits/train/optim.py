@@ -125,9 +125,9 @@ class AdamW(torch.optim.Optimizer):
 def clip_coefficient(params, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(total 2-norm of the gradients, min(max_norm / (norm + 1e-6), 1)), both 0-d tensors on
     the device (fp32 for fp32 gradients), computed as torch.nn.utils.clip_grad_norm_ computes
-    them, without scaling
-    any gradient: `AdamW.step(grad_scale=coefficient)` then makes clip-then-step's update bit
-    for bit, and on the fused kernel saves clipping's read and write of every gradient."""
+    them, without scaling any gradient: `AdamW.step(grad_scale=coefficient)` then makes
+    clip-then-step's update bit for bit, and on the fused kernel saves clipping's read and
+    write of every gradient."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         zero = torch.zeros((), dtype=torch.float32)
