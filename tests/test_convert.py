@@ -227,11 +227,14 @@ def test_compiled_emulated_gemms_take_their_values_from_the_one_kernel(name, mon
         calls.clear()
         out = fb.compile_model(model)(x)
         out.float().square().sum().backward()
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(x)
     finally:
         kernels.set_backend("auto")
         torch._dynamo.reset()
     # forward: input and weight of two Linears; backward: dgrad's and wgrad's operands
     assert calls.count(True) >= 8, calls
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
     assert torch.equal(out, eager)
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
 

@@ -138,7 +138,10 @@ def _registry_scheme(scheme) -> bool:
     """Whether the scheme is a registry scheme under some scale rule (an operator's arguments
     name it by its name and rule)."""
     named = SCHEMES.get(scheme.name)
-    return named is not None and named.with_rule(scheme.scale_rule) == scheme
+    # field by field: `named.with_rule(...) == scheme` builds a Scheme, which breaks the graph
+    # torch.compile traces (torch 2.11: a dataclass made by dataclasses.replace)
+    return (named is not None and named.elem == scheme.elem and named.block == scheme.block
+            and named.scale_fmt == scheme.scale_fmt)
 
 
 @torch.library.custom_op("fewerbits::rowblock_values", mutates_args=())
