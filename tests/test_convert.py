@@ -239,6 +239,48 @@ def test_compiled_emulated_gemms_take_their_values_from_the_one_kernel(name, mon
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
 
 
+def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatch):
+    """In a compiled graph the column-wise copies of per-tensor FP8 codes (wgrad's input and
+    grad_output) come from the tiled transpose kernel, called as the operator
+    fewerbits::transpose_codes, not from a transposed store inductor fuses into the kernel that
+    makes the codes: forward and backward are eager mode's bits, in one graph (the kernel
+    interpreted on a CPU, under the triton backend)."""
+    from fewerbits import kernels
+    from fewerbits.kernels import transpose
+
+    calls = []
+    real = transpose.transpose
+
+    def counted(x):
+        calls.append(tuple(x.shape))
+        return real(x)
+
+    monkeypatch.setattr(transpose, "transpose", counted)
+    torch._dynamo.reset()
+    kernels.set_backend("triton")
+    try:
+        model = two_linears("fp8_tensorwise")
+        x = torch.randn(64, 512, dtype=torch.bfloat16)
+        eager = model(x)
+        eager.float().square().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        calls.clear()
+        out = fb.compile_model(model)(x)
+        out.float().square().sum().backward()
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(x)
+    finally:
+        kernels.set_backend("auto")
+        torch._dynamo.reset()
+    # backward: both inputs' codes, and the second Linear's grad_output codes (the first
+    # Linear makes no dgrad, x needing no gradient, so its grad_output is cast column-wise)
+    assert sorted(calls) == [(64, 512), (64, 512), (64, 1024)], calls
+    assert torch.equal(out, eager)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
+
+
 def test_compile_model_gives_eager_bits_through_inductor():
     """Two FP8 Linears compiled by inductor: the second quantizes the first's bf16 output, which
     inductor would keep in fp32 inside a fused kernel; compile_model makes it round as eager

@@ -136,12 +136,8 @@ def _transposable(p: Operand, p_gemm: Gemm, q: Operand, q_gemm: Gemm) -> bool:
 
 def _transpose(q: QuantizedTensor) -> QuantizedTensor:
     """A one-scale 2-D QuantizedTensor quantized along its other axis: the codes transposed
-    (by a tiled Triton copy where the kernel backend says so)."""
-    if kernels.uses_triton(q.data):
-        from .kernels.transpose import transpose
-
-        return replace(q, data=transpose(q.data), axis=1 - q.axis)
-    return replace(q, data=q.data.t().contiguous(), axis=1 - q.axis)
+    (by a tiled Triton copy where the kernel backend says so, in compiled graphs too)."""
+    return replace(q, data=kernels.transpose_codes(q.data), axis=1 - q.axis)
 
 
 class _SharedOperands:

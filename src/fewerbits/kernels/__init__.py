@@ -180,6 +180,44 @@ def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=N
     return dequantize_matrix(q, torch.bfloat16, tensor_scale=False), q.tensor_scale
 
 
+def transpose_in_one_kernel(x: torch.Tensor) -> bool:
+    """Whether a compiled graph transposes the one-byte codes x by the tiled kernel
+    (kernels/transpose.py), called as the operator `fewerbits::transpose_codes`: on a CUDA
+    tensor under the auto backend, or any tensor under the triton backend. Inductor otherwise
+    fuses the transposed store into whatever kernel makes the codes; where that kernel is a
+    row reduction (an RMSNorm backward that recomputes the forward's input codes), each byte
+    is stored to another 32-byte sector (docs/kernels-notes.md, v18)."""
+    if not triton_available() or _backend == "reference" or not torch.compiler.is_compiling():
+        return False
+    return x.dim() == 2 and x.element_size() == 1 and (_backend == "triton" or x.is_cuda)
+
+
+@torch.library.custom_op("fewerbits::transpose_codes", mutates_args=())
+def _transpose_codes(x: torch.Tensor) -> torch.Tensor:
+    """x.t().contiguous() for a 2-D tensor of one-byte codes, by the tiled kernel."""
+    from .transpose import transpose
+
+    return transpose(x)
+
+
+@_transpose_codes.register_fake
+def _(x):
+    return x.new_empty((x.shape[1], x.shape[0]))
+
+
+def transpose_codes(x: torch.Tensor) -> torch.Tensor:
+    """x.t().contiguous() of a 2-D tensor of one-byte codes: the tiled kernel eagerly where
+    `uses_triton`, the operator in a compiled graph where `transpose_in_one_kernel`, else torch's
+    copy (same bytes every way)."""
+    if transpose_in_one_kernel(x):
+        return torch.ops.fewerbits.transpose_codes(x)
+    if uses_triton(x):
+        from .transpose import transpose
+
+        return transpose(x)
+    return x.t().contiguous()
+
+
 def dequantize_matrix(q: QuantizedTensor, dtype: torch.dtype = torch.float32, *,
                       tensor_scale: bool = True) -> torch.Tensor:
     """`q.dequantize_matrix(dtype, tensor_scale=...)`, in one Triton kernel where the backend
@@ -193,4 +231,5 @@ def dequantize_matrix(q: QuantizedTensor, dtype: torch.dtype = torch.float32, *,
 
 
 __all__ = ["BACKENDS", "set_backend", "backend", "triton_available", "uses_triton", "quantize",
-           "quantized_values", "values_in_one_kernel", "dequantize_matrix"]
+           "quantized_values", "values_in_one_kernel", "dequantize_matrix", "transpose_codes",
+           "transpose_in_one_kernel"]
