@@ -26,9 +26,10 @@ from ..formats import FloatFormat
 
 
 @triton.jit
-def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
-                 EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
-                 NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, STOCHASTIC: tl.constexpr):
+def _round_units(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, STOCHASTIC: tl.constexpr):
+    """(neg, nan, finite, e, r) of a tile of scaled values: the sign bit, NaN, finite, the binade
+    e (clamped to [EMIN, EMAX + 1]) and |v| · 2^(M − e) rounded to an integer r ≤ 2^(M + 1)
+    (half to even, or up where the noise is below the fraction); non-finite v round as 0."""
     neg = v.to(tl.int32, bitcast=True) < 0
     nan = v != v
     mag = tl.abs(v)
@@ -45,6 +46,14 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
     else:
         up = (frac > 0.5) | ((frac == 0.5) & ((low.to(tl.int32) & 1) == 1))
     r = tl.minimum(low + up.to(tl.float32), 2.0 ** (M + 1))
+    return neg, nan, finite, e, r
+
+
+@triton.jit
+def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
+                 EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
+                 NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, STOCHASTIC: tl.constexpr):
+    neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
     code = (e + (BIAS - 1)) * (1 << M) + r.to(tl.int32)
     code = tl.where(finite, code, MAX_CODE)
     code = tl.minimum(tl.maximum(code, 0), MAX_CODE)
@@ -55,6 +64,22 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
     if HAS_NAN:
         code = tl.where(nan, NAN_CODE | (neg.to(tl.int32) << (E + M)), code)
     return code
+
+
+@triton.jit
+def _round_values(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_VALUE: tl.constexpr,
+                  HAS_NAN: tl.constexpr, STOCHASTIC: tl.constexpr):
+    """The values `_round_codes`' codes decode to, for a floating-point element format, without
+    the codes: ±min(r · 2^(e − M), max) (exact: r is an integer of at most M + 2 bits), ±max
+    where v is not finite, NaN for NaN where the format has one — a code past the largest
+    finite one is a value past max, which the code's saturation turns into max."""
+    neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
+    mag = tl.minimum(r * ((e - M + 127) << 23).to(tl.float32, bitcast=True), MAX_VALUE)
+    mag = tl.where(finite, mag, MAX_VALUE)
+    val = tl.where(neg, -mag, mag)
+    if HAS_NAN:
+        val = tl.where(nan, float("nan"), val)
+    return val
 
 
 @triton.jit

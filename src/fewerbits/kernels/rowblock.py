@@ -31,7 +31,7 @@ import triton.language as tl
 from ..codes import code_table
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
-from .cast import _encode_store, _load_noise, _round_codes, _to_bf16, format_constants
+from .cast import _encode_store, _round_codes, _round_values, _to_bf16, format_constants
 
 RULES = {"amax": 0, "floor": 1, "ceil": 2, "even": 3, "rceil": 4, "two_level": 5}
 
@@ -51,27 +51,33 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
                      BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
                      BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
                      SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
-                     X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr):
+                     X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr,
+                     MAX_VALUE: tl.constexpr):
     NB: tl.constexpr = TILE_C // BC
+    # the tile as (TILE_R, NB, BC): rows, blocks, a block's columns; a block's amax and its
+    # factor broadcast back along the last axis, with no reshape between (a reshape can make
+    # the compiler move the tile through shared memory)
     rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
-    cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
-    inside = (rows < R)[:, None] & (cols < C)[None, :]
+    rows3 = rows[:, None, None]
+    cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[None, :, None] + tl.arange(0, BC)[None, None, :]
+    inside3 = (rows3 < R) & (cols3 < C)
     if X_BF16:  # bf16 bits widened by hand: exact for subnormals everywhere (Triton's
         # interpreter converts bf16 subnormals wrongly)
-        xb = tl.load(x_ptr + rows[:, None] * sxr + cols[None, :] * sxc, mask=inside, other=0)
-        x = (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        xb = tl.load(x_ptr + rows3 * sxr + cols3 * sxc, mask=inside3, other=0)
+        xbits = xb.to(tl.int32) << 16
+        x = xbits.to(tl.float32, bitcast=True)
     else:
-        x = tl.load(x_ptr + rows[:, None] * sxr + cols[None, :] * sxc, mask=inside, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows3 * sxr + cols3 * sxc, mask=inside3, other=0.0).to(tl.float32)
+        xbits = x.to(tl.int32, bitcast=True)
 
     # ---- amax of each block: (TILE_R, NB) -------------------------------------------------
-    if AMAX_MODE == 0:  # BR × BC blocks: reduced here
-        x3 = tl.reshape(x, (TILE_R, NB, BC))
-        amax = tl.max(tl.abs(x3), axis=2)
-        nan_rows = tl.max((x3 != x3).to(tl.int32), axis=2)
+    if AMAX_MODE == 0:  # BR × BC blocks: reduced here, as the largest |x| bit pattern — for
+        # non-negative floats the integer order is the float order, and every NaN pattern is
+        # above inf's, so a NaN anywhere makes the block's amax a NaN, in one reduction
+        amax_bits = tl.max(xbits & 0x7FFFFFFF, axis=2)
         if BR > 1:  # the tile's rows are one block row: reduce over them too
-            amax = tl.broadcast_to(tl.max(amax, axis=0)[None, :], (TILE_R, NB))
-            nan_rows = tl.broadcast_to(tl.max(nan_rows, axis=0)[None, :], (TILE_R, NB))
-        amax = tl.where(nan_rows > 0, float("nan"), amax)
+            amax_bits = tl.broadcast_to(tl.max(amax_bits, axis=0)[None, :], (TILE_R, NB))
+        amax = amax_bits.to(tl.float32, bitcast=True)
     else:  # one block per row (1) or one for the tensor (2): the amax comes from amax_ptr
         a_row = tl.load(amax_ptr + rows * (1 if AMAX_MODE == 1 else 0), mask=rows < R, other=0.0)
         amax = tl.broadcast_to(a_row[:, None], (TILE_R, NB))
@@ -114,7 +120,7 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
             k = vfield - 127 + bump.to(tl.int32)
         k = tl.minimum(tl.maximum(k, KMIN), KMAX)
         scale = _pow2(k)
-        factor = scale
+        factor = _pow2(-k)  # x · 2^−k is x / 2^k, both correctly rounded results of one number
         code = tl.where(finite, k + 127, 0xFF)  # the E8M0 code
     scale = tl.where(finite, scale, float("nan"))
     factor = tl.where(finite, factor, float("nan"))
@@ -136,20 +142,28 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
         tl.store(scale_ptr + srows[:, None] * ssr + blocks[None, :], scale, mask=scale_mask)
 
     # ---- elements --------------------------------------------------------------------------
-    f3 = tl.broadcast_to(factor[:, :, None], (TILE_R, NB, BC))
-    f = tl.reshape(f3, (TILE_R, TILE_C))
-    if RULE == 5:
-        v = x * f
-    else:
+    f = factor[:, :, None]
+    if RULE == 0:  # fp32 scales: the quotient
         v = tl.div_rn(x, f)
+    else:  # NVFP4's enc, or 2^−k: the product
+        v = x * f
     v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
     if VALUES:  # the dequantized values instead of the codes: code value × block scale, to bf16
-        noise = _load_noise(noise_ptr, rows, cols, inside, snr, snc, STOCHASTIC)
-        code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
-        s3 = tl.broadcast_to(scale[:, :, None], (TILE_R, NB, BC))
-        values = tl.load(elem_table + code) * tl.reshape(s3, (TILE_R, TILE_C))
-        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], _to_bf16(values), mask=inside)
+        noise = 0
+        if STOCHASTIC:
+            noise = tl.load(noise_ptr + rows3 * snr + cols3 * snc, mask=inside3, other=0)
+        if IS_INT:  # the codes, then their values from the table
+            code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT,
+                                STOCHASTIC)
+            elems = tl.load(elem_table + code)
+        else:
+            elems = _round_values(v, noise, M, EMIN, EMAX, MAX_VALUE, HAS_NAN, STOCHASTIC)
+        values = elems * scale[:, :, None]
+        tl.store(out_ptr + rows3 * sor + cols3, _to_bf16(values), mask=inside3)
     else:
+        v = tl.reshape(v, (TILE_R, TILE_C))
+        cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
+        inside = (rows < R)[:, None] & (cols < C)[None, :]
         _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor, TILE_R, TILE_C,
                       STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
 
@@ -224,7 +238,8 @@ def _launch(X, noise, codes, scales, scheme: Scheme, rule: str, tensor_scales, a
         KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
         STOCHASTIC=noise is not None, PACK=2 if elem.bits == 4 else 1, SCALE_CODES=scale_codes,
         AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, BR=br,
-        elem_table=code_table(elem, X.device) if values else X, VALUES=values, **format_constants(elem),
+        elem_table=code_table(elem, X.device) if values and elem.is_integer else X, VALUES=values,
+        MAX_VALUE=float(elem.max), **format_constants(elem),
         num_warps=num_warps or (8 if tile_r * tile_c >= 64 * 128 else 4),
     )
 
