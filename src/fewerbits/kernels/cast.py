@@ -76,7 +76,9 @@ def _round_values(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.conste
     neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
     mag = tl.minimum(r * ((e - M + 127) << 23).to(tl.float32, bitcast=True), MAX_VALUE)
     mag = tl.where(finite, mag, MAX_VALUE)
-    val = tl.where(neg, -mag, mag)
+    # the sign put in as a bit: a select between mag and −mag may lose the sign of a zero
+    # (on the H200 it did), and −0 is what the reference's codes give
+    val = (mag.to(tl.int32, bitcast=True) | (neg.to(tl.int32) << 31)).to(tl.float32, bitcast=True)
     if HAS_NAN:
         val = tl.where(nan, float("nan"), val)
     return val
