@@ -8,7 +8,8 @@
 
 Inside graphs torch.compile traces, the reference's operations are compiled instead, except the
 bf16 values of emulated GEMM operands, which come from the one-pass kernel called as an operator
-(`values_in_one_kernel`).
+(`values_in_one_kernel`), and the transposed copies of one-byte codes, which come from the tiled
+transpose kernel called as an operator (`transpose_in_one_kernel`).
 
 `quantize()` here takes the reference's arguments and returns the reference's bits, and
 `dequantize_matrix()` gives `QuantizedTensor.dequantize_matrix`'s values in one kernel

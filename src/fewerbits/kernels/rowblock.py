@@ -17,7 +17,8 @@ read exponents from the fp32 bit fields (a subnormal amax lands below every scal
 smallest exponent and is clamped exactly as the reference clamps it), rceil rounds the
 exponent of amax × fp32(1/max) up as Transformer Engine does, NVFP4 takes s_enc and its
 multiplier from the launcher (one tensor-wide amax), and elements go through
-cast.py's `_encode_store`.
+cast.py's `_encode_store` — or, for values, `_round_values`, which gives the values the codes
+decode to without making the codes.
 """
 
 from __future__ import annotations
