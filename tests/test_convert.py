@@ -198,23 +198,13 @@ def eager_then_compiled(model: nn.Module, x: torch.Tensor):
     return eager, grads, out, [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize("name", ["mxfp8", "nvfp4_naive"])
-def test_compiled_emulated_gemms_take_their_values_from_the_one_kernel(name, monkeypatch):
-    """In a compiled graph an emulated GEMM's operands come from the Triton kernel that makes
-    the bf16 values in one pass, called as the operator fewerbits::rowblock_values, not from
-    inductor's fusion of the reference quantizer and a dequantization: forward and backward
-    are eager mode's bits (the kernel interpreted on a CPU, under the triton backend)."""
+def compiled_under_triton(name: str, calls: list):
+    """Two Linears converted to `name`, run eagerly and compiled under the triton backend (the
+    kernels interpreted on a CPU), loss sum(output²): (whether outputs and every gradient are
+    eager mode's bits, dynamo's explanation of the compiled model). `calls` is emptied after
+    the eager run, so it holds what the compiled run recorded."""
     from fewerbits import kernels
-    from fewerbits.kernels import rowblock
 
-    calls = []
-    real = rowblock.quantize_rowblocks
-
-    def counted(*args, **kwargs):
-        calls.append(kwargs.get("values", False))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(rowblock, "quantize_rowblocks", counted)
     torch._dynamo.reset()
     kernels.set_backend("triton")
     try:
@@ -227,16 +217,39 @@ def test_compiled_emulated_gemms_take_their_values_from_the_one_kernel(name, mon
         calls.clear()
         out = fb.compile_model(model)(x)
         out.float().square().sum().backward()
+        recorded = list(calls)
         torch._dynamo.reset()
         explained = torch._dynamo.explain(model)(x)
     finally:
         kernels.set_backend("auto")
         torch._dynamo.reset()
+    calls[:] = recorded
+    same = torch.equal(out, eager) and all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    return same, explained
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "nvfp4_naive"])
+def test_compiled_emulated_gemms_take_their_values_from_the_one_kernel(name, monkeypatch):
+    """In a compiled graph an emulated GEMM's operands come from the Triton kernel that makes
+    the bf16 values in one pass, called as the operator fewerbits::rowblock_values, not from
+    inductor's fusion of the reference quantizer and a dequantization: forward and backward
+    are eager mode's bits, in one graph (the kernel interpreted on a CPU, under the triton
+    backend)."""
+    from fewerbits.kernels import rowblock
+
+    calls = []
+    real = rowblock.quantize_rowblocks
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("values", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rowblock, "quantize_rowblocks", counted)
+    same, explained = compiled_under_triton(name, calls)
     # forward: input and weight of two Linears; backward: dgrad's and wgrad's operands
     assert calls.count(True) >= 8, calls
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
-    assert torch.equal(out, eager)
-    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    assert same
 
 
 def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatch):
@@ -245,7 +258,6 @@ def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatc
     fewerbits::transpose_codes, not from a transposed store inductor fuses into the kernel that
     makes the codes: forward and backward are eager mode's bits, in one graph (the kernel
     interpreted on a CPU, under the triton backend)."""
-    from fewerbits import kernels
     from fewerbits.kernels import transpose
 
     calls = []
@@ -256,29 +268,12 @@ def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatc
         return real(x)
 
     monkeypatch.setattr(transpose, "transpose", counted)
-    torch._dynamo.reset()
-    kernels.set_backend("triton")
-    try:
-        model = two_linears("fp8_tensorwise")
-        x = torch.randn(64, 512, dtype=torch.bfloat16)
-        eager = model(x)
-        eager.float().square().sum().backward()
-        grads = [p.grad.clone() for p in model.parameters()]
-        model.zero_grad(set_to_none=True)
-        calls.clear()
-        out = fb.compile_model(model)(x)
-        out.float().square().sum().backward()
-        torch._dynamo.reset()
-        explained = torch._dynamo.explain(model)(x)
-    finally:
-        kernels.set_backend("auto")
-        torch._dynamo.reset()
+    same, explained = compiled_under_triton("fp8_tensorwise", calls)
     # backward: both inputs' codes, and the second Linear's grad_output codes (the first
     # Linear makes no dgrad, x needing no gradient, so its grad_output is cast column-wise)
     assert sorted(calls) == [(64, 512), (64, 512), (64, 1024)], calls
-    assert torch.equal(out, eager)
-    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
+    assert same
 
 
 def test_compile_model_gives_eager_bits_through_inductor():

@@ -68,7 +68,8 @@ def triton_available() -> bool:
 def uses_triton(x: torch.Tensor) -> bool:
     """Whether the Triton kernels run for x now. Never inside a graph torch.compile traces:
     its compiler fuses the reference's operations itself (into kernels of its own; the bits
-    are the reference's either way), except the values of `values_in_one_kernel`."""
+    are the reference's either way), except the values of `values_in_one_kernel` and the
+    transposes of `transpose_in_one_kernel`, which it calls as operators."""
     if _backend == "reference" or torch.compiler.is_compiling():
         return False
     return _backend == "triton" or (x.is_cuda and triton_available())
