@@ -189,7 +189,7 @@ def supported(scheme: Scheme) -> bool:
 
 
 def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | None, *,
-                       tile_r: int = 16, tile_c: int = 128, values: bool = False, num_warps: int | None = None):
+                       tile_r: int = 16, tile_c: int = 128, values: bool = False):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Scales are stored as QuantizedTensor stores them: uint8 codes for E8M0 / E4M3, else fp32.
@@ -221,15 +221,14 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | No
         return codes, scales, s_dec
     rule = "two_level" if scheme.two_level else scheme.scale_rule
     _launch(X, noise, codes, scales, scheme, rule, tensor_scales, scales, bc, 0, scale_codes, tile_r, tile_c, br,
-            values, num_warps)
+            values)
     return codes, scales, s_dec
 
 
 def _launch(X, noise, codes, scales, scheme: Scheme, rule: str, tensor_scales, amax, bc: int, amax_mode: int,
-            scale_codes: bool, tile_r: int, tile_c: int, br: int = 1, values: bool = False,
-            num_warps: int | None = None) -> None:
+            scale_codes: bool, tile_r: int, tile_c: int, br: int = 1, values: bool = False) -> None:
     """One launch of the kernel over X (R, C); `tensor_scales` and `amax` are read only by the
-    two-level rule and the amax modes; num_warps None: 8 for tiles of 64 × 128 or more, else 4."""
+    two-level rule and the amax modes."""
     R, C = X.shape
     elem = scheme.elem
     n = noise if noise is not None else X
@@ -243,7 +242,7 @@ def _launch(X, noise, codes, scales, scheme: Scheme, rule: str, tensor_scales, a
         AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, BR=br,
         elem_table=code_table(elem, X.device) if values and elem.is_integer else X, VALUES=values,
         MAX_VALUE=float(elem.max), **format_constants(elem),
-        num_warps=num_warps or (8 if tile_r * tile_c >= 64 * 128 else 4),
+        num_warps=8 if tile_r * tile_c >= 64 * 128 else 4,
     )
 
 
