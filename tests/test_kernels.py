@@ -202,3 +202,37 @@ def test_values_without_codes_equal_dequantized_codes(name, rounding):
                 dq = kernels.dequantize_matrix(q, torch.bfloat16, tensor_scale=False)
                 assert torch.equal(values.view(torch.int16), dq.view(torch.int16))
             assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)
+
+
+def same_values(values, ref) -> bool:
+    """bf16 matrices equal bit for bit, NaN for NaN (the sign of a NaN aside)."""
+    nan = ref.isnan()
+    return (values.shape == ref.shape and torch.equal(values.isnan(), nan)
+            and torch.equal(values[~nan].view(torch.int16), ref[~nan].view(torch.int16)))
+
+
+@pytest.mark.parametrize("name, size", [("mxfp4", 32), ("nvfp4", 16)])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_values_of_the_hadamard_transform_made_in_the_kernel(name, size, rounding):
+    """The kernel's own Hadamard transform (the weight-gradient operands of mxfp4 and nvfp4)
+    gives the bits of `Hadamard.transform` followed by the reference quantizer and dequantizer:
+    NaN/inf/zero/subnormal blocks, bf16 and fp32 input, both axes; along an axis that is not a
+    multiple of the transform the transform runs first (same bits); NVFP4's tensor scale is the
+    transformed tensor's."""
+    from fewerbits.kernels import rowblock
+
+    h = fb.Hadamard(size, seed=7)
+    x = torch.from_numpy(hard_matrix(64, 96, seed=5, specials=True)).to(DEVICE)
+    x[10, 40:] = torch.randn(56) * 1e4  # one large row: its blocks set the tensor amax
+    for t in (x, x.bfloat16(), x[:37]):
+        for axis in (-1, 0):
+            gen = lambda: torch.Generator(device=DEVICE).manual_seed(3)  # noqa: E731
+            values, ts = kernels.quantized_values(t, name, rounding=rounding, generator=gen(), axis=axis, hadamard=h)
+            q = fb.quantize(h.transform(t, dim=axis), name, rounding=rounding, generator=gen(), axis=axis)
+            assert same_values(values, q.dequantize_matrix(torch.bfloat16, tensor_scale=False)), (t.shape, axis)
+            assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)
+    scheme = fb.get_scheme(name)
+    assert rowblock.hadamard_fusable(scheme, h, 96) and not rowblock.hadamard_fusable(scheme, h, 37)
+    assert not rowblock.hadamard_fusable(scheme, fb.Hadamard(2 * size), 96)
+    with pytest.raises(ValueError, match="cannot be fused"):
+        rowblock.quantize_rowblocks(x[:, :37], scheme, None, values=True, hadamard=h)

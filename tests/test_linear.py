@@ -1,6 +1,7 @@
 """QuantizedLinear and the recipes on CPU: accuracy floors, stabilisers, state, memory."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -123,6 +124,25 @@ def wgrad_sqnr(recipe, g, x):
     a = _prepare(g, gemm.a, gemm, 0, torch.bfloat16)
     b = _prepare(x, gemm.b, gemm, 0, torch.bfloat16)
     return sqnr_db(g.t() @ x, scaled_matmul(a, b, out_dtype=torch.float32))
+
+
+def test_hadamard_transform_is_the_butterfly_in_float32():
+    """`transform` is x·Q, computed in one fixed order (signs, butterfly stages 1, 2, 4, …, then
+    × fp32(1/√h)): on small integers the sums are exact, so the result is the exact product
+    (an independent oracle: float64 matmul with the ±1 matrix) times fp32(1/√h), once rounded;
+    on general input within fp32 rounding of x @ Q; along dim 0 the same numbers."""
+    torch.manual_seed(1)
+    for h in (fb.Hadamard(16, seed=2), fb.Hadamard(32, seed=4), fb.Hadamard(8, signs=(1, -1, 1, 1, -1, -1, 1, -1))):
+        x = torch.randint(-50, 50, (9, 3 * h.size)).float()
+        signed = (h.matrix().double() * math.sqrt(h.size)).round()  # D·H, entries ±1
+        exact = (x.double().reshape(9, 3, h.size) @ signed).reshape(9, -1)
+        expected = (exact.float() * torch.tensor(h.scale, dtype=torch.float32))
+        assert torch.equal(h.transform(x), expected)
+        assert h.scale == float(torch.tensor(1 / math.sqrt(h.size), dtype=torch.float32))
+        g = torch.randn(7, 2 * h.size) * 100
+        ref = (g.double().reshape(7, 2, h.size) @ h.matrix().double()).reshape(7, -1)
+        assert ((h.transform(g).double() - ref).abs() <= 1e-5 * ref.abs().max()).all()
+        assert torch.equal(h.transform(g.t().contiguous(), dim=0), h.transform(g).t())
 
 
 def test_hadamard_raises_mxfp4_weight_gradient_sqnr_on_outliers():

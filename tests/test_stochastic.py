@@ -85,6 +85,43 @@ def test_reproducible_with_a_seed_and_different_across_draws():
     assert not torch.equal(a, other)
 
 
+def lowbias32(x: int) -> int:
+    """C. Wellons' lowbias32 in plain Python integers: the oracle for rounding.mix32."""
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_noise_is_the_hash_of_seed_and_position_and_looks_uniform():
+    """The noise of a seed is lowbias32(lowbias32(i) ^ seed) >> 8 at row-major position i (plain
+    Python integers as the oracle, positions past 2^32 wrapping); a generator's draws give
+    different seeds; the 24-bit values fill 64 equal bins evenly (chi-square), and neither
+    neighbouring elements nor the same element under two seeds are correlated."""
+    from fewerbits.rounding import draw_noise, draw_seed, mix32, noise_bits
+
+    words = [0, 1, 2, 0x7FFFFFFF, 0x80000000, 0xDEADBEEF, 0xFFFFFFFF]
+    as_int32 = torch.tensor([w - (1 << 32) if w >> 31 else w for w in words], dtype=torch.int32)
+    assert [m & 0xFFFFFFFF for m in mix32(as_int32).tolist()] == [lowbias32(w) for w in words]
+    seed = torch.tensor(123456789)
+    n = noise_bits(seed, (7, 11))
+    assert n.dtype == torch.int32 and n.shape == (7, 11)
+    assert n.flatten().tolist() == [lowbias32(lowbias32(i) ^ 123456789) >> 8 for i in range(77)]
+    gen = torch.Generator().manual_seed(0)
+    seeds = {int(draw_seed("cpu", gen)) for _ in range(20)}
+    assert len(seeds) == 20 and all(0 <= s < 1 << 31 for s in seeds)
+    a = draw_noise((512, 1024), "cpu", torch.Generator().manual_seed(1)).double() / 2**24
+    b = draw_noise((512, 1024), "cpu", torch.Generator().manual_seed(2)).double() / 2**24
+    counts = torch.bincount((a.flatten() * 64).long(), minlength=64).double()
+    expected = a.numel() / 64
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < 120  # 63 degrees of freedom: 120 is beyond the 99.99th percentile
+    corr = lambda u, v: torch.corrcoef(torch.stack([u.flatten(), v.flatten()]))[0, 1].abs().item()  # noqa: E731
+    assert corr(a[:, :-1], a[:, 1:]) < 0.01 and corr(a[:-1], a[1:]) < 0.01 and corr(a, b) < 0.01
+
+
 def test_saturates_at_max():
     x = torch.tensor([5.99, 7.0, 100.0, -float("inf")])
     got = cast(x, "fp4_e2m1", rounding="stochastic", generator=torch.Generator().manual_seed(0))

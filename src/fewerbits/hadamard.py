@@ -13,6 +13,11 @@ large scale onto it, which is what lets 4-bit formats represent the rest.
 A dimension that is not a multiple of h is zero-padded (the padding adds nothing to the
 product), and `transform` returns the padded tensor; both operands of a GEMM must be
 transformed along their inner dimension with the same `Hadamard`.
+
+`transform` computes x·Q in float32 in one fixed order, so that a kernel can give the same
+bits: the signs (exact), the fast Walsh–Hadamard butterfly — log2 h stages; stage s replaces
+each pair (y_i, y_{i+s}) with i's bit s clear by (y_i + y_{i+s}, y_i − y_{i+s}), s = 1, 2, 4, … —
+then one multiplication by fp32(1/√h) (exact for h = 4, 16, 64, 256).
 """
 
 from __future__ import annotations
@@ -41,33 +46,65 @@ class Hadamard:
             if len(signs) != self.size or any(s not in (-1, 1) for s in signs):
                 raise ValueError(f"signs must be {self.size} values of +1 or -1")
             object.__setattr__(self, "signs", signs)
-        # Q, built once here: nothing is drawn or cached while a graph is being traced
-        object.__setattr__(self, "_q", _matrix(self.size, self.sign_vector()))
+        # D, Q and 1/√h, built once here: nothing is drawn or cached while a graph is being traced
+        object.__setattr__(self, "_d", self.signs if self.signs is not None else _draw_signs(self.size, self.seed))
+        object.__setattr__(self, "_q", _matrix(self.size, self._d))
+        object.__setattr__(self, "_scale", float(torch.tensor(1.0 / math.sqrt(self.size), dtype=torch.float32)))
 
     def sign_vector(self) -> tuple[int, ...]:
         """D's diagonal: the explicit signs, or the ones this seed draws."""
-        if self.signs is not None:
-            return self.signs
-        gen = torch.Generator().manual_seed(self.seed)
-        bits = torch.randint(0, 2, (self.size,), generator=gen)
-        return tuple(int(s) for s in (1 - 2 * bits).tolist())
+        return self._d
 
     def matrix(self, device=None) -> torch.Tensor:
-        """Q = D · H / √h as a float32 (h, h) matrix; Q Qᵀ = I."""
+        """Q = D · H / √h as a float32 (h, h) matrix; Q Qᵀ = I (`transform` is x·Q computed by
+        the butterfly, equal to x @ Q up to float32 rounding)."""
         if device is None:
             return self._q
         return device_constant(("hadamard", self.size, self.seed, self.signs), lambda: self._q, device)
 
+    @property
+    def scale(self) -> float:
+        """fp32(1/√h), the butterfly's last factor."""
+        return self._scale
+
+    def signs_tensor(self, device=None) -> torch.Tensor:
+        """D's diagonal as float32 ±1 on `device`. In a graph being traced it is computed on the
+        device from the signs' bits: a constant built from a list is copied from the host on
+        every call of the compiled graph, and that copy waits for the whole stream."""
+        if torch.compiler.is_compiling():
+            i = torch.arange(self.size, device=device)
+            word = torch.zeros_like(i)
+            for j in range(0, self.size, 32):  # 32 signs a word: bit k set where sign j + k is −1
+                mask = sum(1 << k for k, sign in enumerate(self._d[j:j + 32]) if sign < 0)
+                word = torch.where(i // 32 == j // 32, mask, word)
+            return (1 - 2 * ((word >> (i % 32)) & 1)).to(torch.float32)
+        return device_constant(("hadamard signs", self._d),
+                               lambda: torch.tensor(self._d, dtype=torch.float32), device or "cpu")
+
     def transform(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """x with every block of `size` along `dim` multiplied by Q (float32; `dim` padded)."""
+        """x with every block of `size` along `dim` multiplied by Q (float32; `dim` padded), by
+        the butterfly in the module docstring."""
         dim = dim % x.dim()
         x = x.float().movedim(dim, -1)
         pad = -x.shape[-1] % self.size
         if pad:
             x = torch.nn.functional.pad(x, (0, pad))
-        blocks = x.reshape(*x.shape[:-1], x.shape[-1] // self.size, self.size)
-        out = (blocks @ self.matrix(x.device)).reshape(x.shape)
+        h = self.size
+        lead = x.shape[:-1]
+        y = x.reshape(*lead, x.shape[-1] // h, h) * self.signs_tensor(x.device)
+        s = 1
+        while s < h:  # stage s: pairs (i, i + s), i's bit s clear
+            a, b = y.reshape(*lead, -1, h // (2 * s), 2, s).unbind(-2)
+            y = torch.stack((a + b, a - b), dim=-2)
+            s *= 2
+        out = y.reshape(x.shape) * self.scale
         return out.movedim(-1, dim)
+
+
+def _draw_signs(size: int, seed: int) -> tuple[int, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    bits = torch.randint(0, 2, (size,), generator=gen)
+    return tuple(int(s) for s in (1 - 2 * bits).tolist())
 
 
 def _matrix(size: int, signs: tuple[int, ...]) -> torch.Tensor:

@@ -114,14 +114,16 @@ def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=No
     """One GEMM operand from a high-precision 2-D tensor: Hadamard, then quantize along `axis`.
 
     Returns a QuantizedTensor, or, unquantized, the (R, inner) matrix in the compute dtype, or,
-    for a GEMM that multiplies values (`_as_values`) unless `codes` asks for the codes, _Values.
+    for a GEMM that multiplies values (`_as_values`) unless `codes` asks for the codes, _Values
+    (whose kernel applies the Hadamard transform itself where it can).
     """
+    if op.scheme is not None and not codes and amax is None and _as_values(gemm, t):
+        return _Values(*kernels.quantized_values(t, op.scheme, rounding=op.rounding, axis=axis,
+                                                 hadamard=gemm.hadamard))
     if gemm.hadamard is not None:
         t = gemm.hadamard.transform(t, dim=axis)
     if op.scheme is None:
         return (t if axis == 1 else t.t()).to(dtype)
-    if not codes and amax is None and _as_values(gemm, t):
-        return _Values(*kernels.quantized_values(t, op.scheme, rounding=op.rounding, axis=axis))
     return kernels.quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax)
 
 

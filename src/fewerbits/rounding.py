@@ -11,8 +11,16 @@ so |x| = u · q with u a real number, and rounding means choosing an integer for
 
 Stochastic rounding rounds up with probability (x − lo) / (hi − lo), exactly whenever that
 fraction is a multiple of 2^−24 (always for fp16/bf16/fp32 inputs landing in a normal binade of
-the target; otherwise it is biased by less than 2^−24). The noise is drawn as 24-bit integers
-from an optional `torch.Generator`, so a seeded generator reproduces a draw bit for bit.
+the target; otherwise it is biased by less than 2^−24). The noise is counter-based: one seed is
+drawn from an optional `torch.Generator` (so a seeded generator reproduces a draw bit for bit),
+and element i of the tensor, in row-major order, gets the top 24 bits of
+
+    mix(mix(i mod 2^32) XOR seed)      mix: the 32-bit integer hash "lowbias32" of C. Wellons'
+                                       hash-prospector (xorshift 16, × 0x7feb352d, xorshift 15,
+                                       × 0x846ca68b, xorshift 16; a bijection of 32-bit words)
+
+so a kernel computes each element's noise where it rounds it, from the seed and the element's
+position, instead of reading a tensor of noise (`noise_bits` is the same function in torch).
 
 Then overflow: with `saturate=True` (the default) finite values above `max` and ±inf become
 ±max; with `saturate=False` they become ±inf (formats with inf) or NaN (fp8_e4m3). Formats with
@@ -111,11 +119,43 @@ def exp2(k: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     return torch.where(k > -bias, normal, subnormal).view(dtype)
 
 
+def draw_seed(device, generator: torch.Generator | None) -> torch.Tensor:
+    """A stochastic-rounding seed: an int64 0-d tensor on `device`, uniform on [0, 2^31), drawn
+    from `generator` (the device's default generator if None). It stays on the device."""
+    return torch.randint(0, 1 << 31, (), generator=generator, device=device, dtype=torch.int64)
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 (see the module docstring) of int32 x, the 32-bit words as int32: products
+    wrap modulo 2^32 and right shifts are made logical by masks. Works in place on x."""
+    x ^= (x >> 16) & 0xFFFF
+    x *= 0x7FEB352D
+    x ^= (x >> 15) & 0x1FFFF
+    x *= 0x846CA68B - (1 << 32)  # as an int32
+    x ^= (x >> 16) & 0xFFFF
+    return x
+
+
+def noise_bits(seed: torch.Tensor, shape) -> torch.Tensor:
+    """The noise of `seed` (from `draw_seed`) for a tensor of `shape`: int32 on [0, 2^24), element
+    i in row-major order the top 24 bits of mix32(mix32(i mod 2^32) ^ seed)."""
+    shape = tuple(shape)
+    n = 1
+    for d in shape:
+        n *= d
+    if n < 1 << 31:
+        i = torch.arange(n, device=seed.device, dtype=torch.int32)
+    else:  # i mod 2^32, as an int32
+        i = ((torch.arange(n, device=seed.device) & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+        i = i.to(torch.int32)
+    x = mix32(mix32(i) ^ seed.to(torch.int32))
+    return ((x >> (32 - NOISE_BITS)) & ((1 << NOISE_BITS) - 1)).reshape(shape)
+
+
 def draw_noise(shape, device, generator: torch.Generator | None) -> torch.Tensor:
-    """Stochastic-rounding noise as int32 on [0, 2^24): noise value = bits / 2^24."""
-    return torch.randint(
-        0, 1 << NOISE_BITS, tuple(shape), generator=generator, device=device, dtype=torch.int32
-    )
+    """Stochastic-rounding noise as int32 on [0, 2^24) (noise value = bits / 2^24): the noise of
+    one seed drawn from `generator`."""
+    return noise_bits(draw_seed(device, generator), shape)
 
 
 def in_chunks(fn, *tensors: torch.Tensor | None) -> torch.Tensor:

@@ -23,12 +23,15 @@ transpose kernel called as an operator (`transpose_in_one_kernel`).
     every other scheme, or an amax override     the reference's `make_plan` (amaxes, scales),
                                                 then one kernel for the element pass (cast.py)
 
-Stochastic-rounding noise is the reference's own draw, so SR gives the same bits too.
+Stochastic rounding gives the same bits too: the one-read kernels draw the reference's seed and
+compute each element's noise from it (rounding.noise_bits); the element pass reads the
+reference's noise.
 CPU runs use the reference unless asked otherwise.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -37,7 +40,7 @@ from ..codes import pack
 from ..quantize import QuantizedTensor, make_plan, matrix_view
 from ..quantize import _normalize_axis as normalize_axis
 from ..quantize import quantize as reference_quantize
-from ..rounding import check_float_tensor, check_rounding, draw_noise
+from ..rounding import check_float_tensor, check_rounding, draw_seed
 from ..schemes import SCHEMES, get_scheme
 
 BACKENDS = ("auto", "triton", "reference")
@@ -75,14 +78,14 @@ def uses_triton(x: torch.Tensor) -> bool:
     return _backend == "triton" or (x.is_cuda and triton_available())
 
 
-def _matrix_and_noise(x: torch.Tensor, rounding: str, generator, axis: int):
-    """The reference's checks, then (axis, the (R, C) view with `axis` last, the stochastic-
-    rounding noise the reference would draw, or None)."""
+def _matrix_and_seed(x: torch.Tensor, rounding: str, generator, axis: int):
+    """The reference's checks, then (axis, the (R, C) view with `axis` last, the seed of the
+    stochastic-rounding noise the reference would draw, or None)."""
     check_float_tensor(x)
     check_rounding(rounding)
     ax = normalize_axis(axis, x.dim())
     X = matrix_view(x.detach(), ax)
-    return ax, X, draw_noise(X.shape, x.device, generator) if rounding == "stochastic" else None
+    return ax, X, draw_seed(x.device, generator) if rounding == "stochastic" else None
 
 
 def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", generator=None,
@@ -96,15 +99,15 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
 
     scheme_ = get_scheme(scheme, scale_rule)
     if rowblock.supported(scheme_) and amax is None:  # amax, scales and codes in one kernel
-        ax, X, noise = _matrix_and_noise(x, rounding, generator, axis)
-        codes, scales, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, noise)
+        ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
+        codes, scales, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, seed)
         if scheme_.elem.bits == 6:
             codes = pack(codes, scheme_.elem)
         return QuantizedTensor(codes, scales, scheme_, x.shape, ax, tensor_scale)
 
     if rowblock.amax_supported(scheme_) and x.numel():  # one reduction, then one kernel
-        ax, X, noise = _matrix_and_noise(x, rounding, generator, axis)
-        codes, scales = rowblock.quantize_with_amax(X, scheme_, noise, amax)
+        ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
+        codes, scales = rowblock.quantize_with_amax(X, scheme_, seed, amax)
         if scheme_.elem.bits == 6:
             codes = pack(codes, scheme_.elem)
         return QuantizedTensor(codes, scales, scheme_, x.shape, ax)
@@ -146,38 +149,67 @@ def _registry_scheme(scheme) -> bool:
             and named.scale_fmt == scheme.scale_fmt)
 
 
-@torch.library.custom_op("fewerbits::rowblock_values", mutates_args=())
-def _rowblock_values(X: torch.Tensor, scheme: str, scale_rule: str,
-                     noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+# The operators are defined with torch.library.Library rather than torch.library.custom_op:
+# a compiled step calls the values operator hundreds of times, and custom_op's Python wrapper
+# (autograd and aliasing checks) cost several times the dispatch of a plain registration.
+_LIB = torch.library.Library("fewerbits", "DEF")
+_LIB.define("rowblock_values(Tensor X, str scheme, str scale_rule, Tensor? seed, int[] hadamard_signs) "
+            "-> (Tensor, Tensor)")
+_LIB.define("transpose_codes(Tensor x) -> Tensor")
+
+
+@functools.cache
+def _hadamard_with(signs: tuple[int, ...]):
+    from ..hadamard import Hadamard
+
+    return Hadamard(len(signs), signs=signs)
+
+
+def _hadamard_of(signs):
+    return _hadamard_with(tuple(signs)) if len(signs) else None
+
+
+def _rowblock_values(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.Tensor | None,
+                     hadamard_signs) -> tuple[torch.Tensor, torch.Tensor]:
     """The one-kernel values of the (R, C) matrix X as an operator for compiled graphs: (the bf16
-    values, the per-tensor decode scale, or 0 for a one-level scheme)."""
+    values, the per-tensor decode scale (NVFP4), else an empty tensor); with hadamard_signs,
+    the values of the Hadamard transform with those signs, applied by the kernel."""
     from . import rowblock
 
-    values, _, s_dec = rowblock.quantize_rowblocks(X, get_scheme(scheme, scale_rule), noise, values=True)
-    return values, s_dec if s_dec is not None else X.new_zeros((), dtype=torch.float32)
+    values, _, s_dec = rowblock.quantize_rowblocks(X, get_scheme(scheme, scale_rule), seed, values=True,
+                                                   hadamard=_hadamard_of(hadamard_signs))
+    return values, s_dec if s_dec is not None else X.new_empty((0,), dtype=torch.float32)
 
 
-@_rowblock_values.register_fake
-def _(X, scheme, scale_rule, noise):
-    return X.new_empty(X.shape, dtype=torch.bfloat16), X.new_empty((), dtype=torch.float32)
+def _rowblock_values_fake(X, scheme, scale_rule, seed, hadamard_signs):
+    shape = () if get_scheme(scheme).two_level else (0,)
+    return X.new_empty(X.shape, dtype=torch.bfloat16), X.new_empty(shape, dtype=torch.float32)
 
 
-def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=None, axis=-1):
+def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=None, axis=-1, hadamard=None):
     """(bf16 matrix, per-tensor decode scale or None): the values an emulated GEMM multiplies —
     `quantize(x, ...).dequantize_matrix(bf16, tensor_scale=False)` and its `tensor_scale` — for
-    a scheme whose values are exact in bf16. 1 × bc and square blocks on the Triton backend
-    make them in one kernel that never stores the codes (`values_in_one_kernel`); otherwise
-    quantize, then dequantize."""
+    a scheme whose values are exact in bf16; with `hadamard`, those of
+    `hadamard.transform(x, dim=axis)`. 1 × bc and square blocks on the Triton backend make them
+    in one kernel that never stores the codes (`values_in_one_kernel`), which applies the
+    transform itself where its size is the block's (`rowblock.hadamard_fusable`); otherwise
+    transform, quantize, then dequantize."""
     scheme_ = get_scheme(scheme)
     if values_in_one_kernel(x, scheme_):
         from . import rowblock
 
-        _, X, noise = _matrix_and_noise(x, rounding, generator, axis)
+        ax = normalize_axis(axis, x.dim())
+        if hadamard is not None and not rowblock.hadamard_fusable(scheme_, hadamard, x.shape[ax]):
+            x, hadamard = hadamard.transform(x, dim=ax), None
+        _, X, seed = _matrix_and_seed(x, rounding, generator, ax)
         if uses_triton(x):
-            values, _, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, noise, values=True)
+            values, _, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, seed, values=True, hadamard=hadamard)
             return values, tensor_scale
-        values, tensor_scale = torch.ops.fewerbits.rowblock_values(X, scheme_.name, scheme_.scale_rule, noise)
+        signs = list(hadamard.sign_vector()) if hadamard is not None else []
+        values, tensor_scale = torch.ops.fewerbits.rowblock_values(X, scheme_.name, scheme_.scale_rule, seed, signs)
         return values, tensor_scale if scheme_.two_level else None
+    if hadamard is not None:
+        x = hadamard.transform(x, dim=axis)
     q = quantize(x, scheme_, rounding=rounding, generator=generator, axis=axis)
     return dequantize_matrix(q, torch.bfloat16, tensor_scale=False), q.tensor_scale
 
@@ -194,7 +226,6 @@ def transpose_in_one_kernel(x: torch.Tensor) -> bool:
     return x.dim() == 2 and x.element_size() == 1 and (_backend == "triton" or x.is_cuda)
 
 
-@torch.library.custom_op("fewerbits::transpose_codes", mutates_args=())
 def _transpose_codes(x: torch.Tensor) -> torch.Tensor:
     """x.t().contiguous() for a 2-D tensor of one-byte codes, by the tiled kernel."""
     from .transpose import transpose
@@ -202,9 +233,11 @@ def _transpose_codes(x: torch.Tensor) -> torch.Tensor:
     return transpose(x)
 
 
-@_transpose_codes.register_fake
-def _(x):
-    return x.new_empty((x.shape[1], x.shape[0]))
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("rowblock_values", _rowblock_values, _key)
+    _LIB.impl("transpose_codes", _transpose_codes, _key)
+torch.library.register_fake("fewerbits::rowblock_values", _rowblock_values_fake, lib=_LIB)
+torch.library.register_fake("fewerbits::transpose_codes", lambda x: x.new_empty((x.shape[1], x.shape[0])), lib=_LIB)
 
 
 def transpose_codes(x: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,8 @@ Bit for bit the reference (`quantize.element_codes`, `rounding.round_to_codes`):
 arithmetic in the same order — the binade from the exponent field, the units as |v| · 2^(M−e)
 (exact), round half to even from floor and the exact fraction, the code as
 (e + bias − 1) · 2^M + units, saturated — and the stochastic noise is the reference's own
-int32 draw, passed in. Scales and amaxes are computed by the reference code before the kernel.
+int32 draw, passed in (kernels/rowblock.py computes it from the reference's seed instead,
+`_seed_noise`). Scales and amaxes are computed by the reference code before the kernel.
 """
 
 from __future__ import annotations
@@ -94,6 +95,25 @@ def _load_noise(noise_ptr, rows, cols, inside, snr, snc, STOCHASTIC: tl.constexp
 
 
 @triton.jit
+def _mix32(x):
+    """rounding.mix32 (lowbias32) on uint32: the products wrap modulo 2^32."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _seed_noise(seed_ptr, rows, cols, C):
+    """rounding.noise_bits of the seed at *seed_ptr for the elements (rows, cols) of an (R, C)
+    matrix (int32 on [0, 2^24)): element i = row · C + col, modulo 2^32."""
+    seed = tl.load(seed_ptr).to(tl.uint32)
+    i = (rows.to(tl.int64) * C + cols).to(tl.uint32)
+    return (_mix32(_mix32(i) ^ seed) >> 8).to(tl.int32)
+
+
+@triton.jit
 def _to_bf16(values):
     """fp32 to bf16, nearest even on the bit pattern (the same on a GPU and in the interpreter);
     NaN becomes the positive quiet NaN."""
@@ -104,13 +124,13 @@ def _to_bf16(values):
 
 
 @triton.jit
-def _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor,
+def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, sor,
                   TILE_R: tl.constexpr, TILE_C: tl.constexpr, STOCHASTIC: tl.constexpr, PACK: tl.constexpr,
                   E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
                   NAN_CODE: tl.constexpr, IS_INT: tl.constexpr):
-    """Round a tile of scaled values to codes and store them (fp4: two a byte)."""
-    noise = _load_noise(noise_ptr, rows, cols, inside, snr, snc, STOCHASTIC)
+    """Round a tile of scaled values to codes (with this noise where STOCHASTIC) and store them
+    (fp4: two a byte)."""
     code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
     if PACK == 2:  # two codes a byte, the first in the low nibble; padding columns are code 0
         lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
@@ -144,7 +164,8 @@ def _cast_kernel(x_ptr, f_ptr, noise_ptr, out_ptr, R, C, sxr, sxc, sfr, sfc, snr
     else:
         v = tl.div_rn(x, f)  # x / scale, correctly rounded
     v = tl.where(tl.abs(f) < float("inf"), v, 0.0)  # a NaN scale: the block keeps zero codes
-    _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor, TILE_R, TILE_C,
+    noise = _load_noise(noise_ptr, rows, cols, inside, snr, snc, STOCHASTIC)
+    _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, sor, TILE_R, TILE_C,
                   STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
 
 

@@ -15,10 +15,16 @@
 The arithmetic is the reference's, step for step, so the bits are the reference's: the rules
 read exponents from the fp32 bit fields (a subnormal amax lands below every scale format's
 smallest exponent and is clamped exactly as the reference clamps it), rceil rounds the
-exponent of amax × fp32(1/max) up as Transformer Engine does, NVFP4 takes s_enc and its
-multiplier from the launcher (one tensor-wide amax), and elements go through
-cast.py's `_encode_store` — or, for values, `_round_values`, which gives the values the codes
-decode to without making the codes.
+exponent of amax × fp32(1/max) up as Transformer Engine does, NVFP4 computes s_enc, s_dec and
+its multiplier from the tensor-wide amax the launcher passes (the first program stores s_dec),
+stochastic rounding computes each element's noise from the reference's seed
+(rounding.noise_bits), and elements go through cast.py's `_encode_store` — or, for values,
+`_round_values`, which gives the values the codes decode to without making the codes.
+
+With a Hadamard transform whose size is the block's (mxfp4's 32, nvfp4's 16), the kernel
+transforms each block of the tile first, in hadamard.py's order of float32 operations, so the
+values are those of quantizing `Hadamard.transform(X)`; NVFP4's tensor amax of the transformed
+matrix comes from `_hadamard_amax_kernel`, a read-only pass of the same transform.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import triton.language as tl
 from ..codes import code_table
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
-from .cast import _encode_store, _round_codes, _round_values, _to_bf16, format_constants
+from .cast import _encode_store, _round_codes, _round_values, _seed_noise, _to_bf16, format_constants
 
 RULES = {"amax": 0, "floor": 1, "ceil": 2, "even": 3, "rceil": 4, "two_level": 5}
 
@@ -44,8 +50,30 @@ def _pow2(k):
 
 
 @triton.jit
-def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, snc, sor, ssr,
-                     elem_max, rcp_max, tensor_scales_ptr, amax_ptr,
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _hadamard_blocks(x, signs_ptr, h_scale, TILE_R: tl.constexpr, NB: tl.constexpr, BC: tl.constexpr,
+                     STAGES: tl.constexpr):
+    """hadamard.py's transform of every BC-block of a (TILE_R, NB, BC) fp32 tile, in its order:
+    the signs, the butterfly stages s = 1, 2, 4, … (the pair (i, i + s) becomes (sum, difference),
+    each one float32 addition: a reduction over an axis of two — by `_add`, not tl.sum, whose
+    interpreted form starts from +0 and so turns −0 + −0 into +0), then × fp32(1/√BC)."""
+    x = x * tl.load(signs_ptr + tl.arange(0, BC))[None, None, :]
+    pm = (1 - 2 * tl.arange(0, 2)).to(tl.float32)[None, None, :, None]  # +1, −1
+    for st in tl.static_range(STAGES):  # BC = 2^STAGES; stage st pairs i and i + 2^st
+        y = tl.reshape(x, (TILE_R * NB, BC >> (st + 1), 2, 1 << st))
+        total = tl.reduce(y, 2, _add, keep_dims=True)  # y_i + y_{i+2^st}
+        diff = tl.reduce(y * pm, 2, _add, keep_dims=True)  # y_i − y_{i+2^st}
+        x = tl.reshape(tl.where(pm > 0, total, diff), (TILE_R, NB, BC))
+    return x * h_scale
+
+
+@triton.jit
+def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, ssr,
+                     elem_max, rcp_max, tensor_scales_ptr, amax_ptr, signs_ptr, h_scale, enc_numerator, s_dec_ptr,
                      BC: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, RULE: tl.constexpr,
                      KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr,
                      STOCHASTIC: tl.constexpr, PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
@@ -53,7 +81,7 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
                      BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
                      SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
                      X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr,
-                     MAX_VALUE: tl.constexpr):
+                     MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr):
     NB: tl.constexpr = TILE_C // BC
     # the tile as (TILE_R, NB, BC): rows, blocks, a block's columns; a block's amax and its
     # factor broadcast back along the last axis, with no reshape between (a reshape can make
@@ -69,6 +97,9 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
         x = xbits.to(tl.float32, bitcast=True)
     else:
         x = tl.load(x_ptr + rows3 * sxr + cols3 * sxc, mask=inside3, other=0.0).to(tl.float32)
+        xbits = x.to(tl.int32, bitcast=True)
+    if H_STAGES > 0:  # the blocks transformed first (C a multiple of BC: no padding in a block)
+        x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, H_STAGES)
         xbits = x.to(tl.int32, bitcast=True)
 
     # ---- amax of each block: (TILE_R, NB) -------------------------------------------------
@@ -91,8 +122,18 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
         scale = tl.maximum(tl.div_rn(amax, elem_max), 1.1754943508222875e-38)
         factor = scale
     elif RULE == 5:  # NVFP4: E4M3 block scale under the tensor's s_enc; elements × enc
-        s_dec = tl.load(tensor_scales_ptr)  # the tensor level, computed on the device
-        mult = tl.load(tensor_scales_ptr + 1)
+        # the tensor level from the tensor's amax, as scaling.two_level_tensor_scales: s_enc =
+        # min(fp32(448 · 6) / amax, FLT_MAX), 1 where that is degenerate (amax 0, inf or NaN);
+        # s_dec = 1 / s_enc; the block multiplier s_enc · fp32(1 / 6)
+        t_amax = tl.load(tensor_scales_ptr)
+        q = tl.div_rn(enc_numerator, t_amax)
+        s_enc = tl.where(q > 3.4028234663852886e38, 3.4028234663852886e38, q)  # NaN stays NaN
+        degenerate = (t_amax == 0.0) | ~(s_enc < float("inf")) | (s_enc == 0.0)
+        s_enc = tl.where(degenerate, 1.0, s_enc)
+        s_dec = tl.div_rn(1.0, s_enc)
+        mult = s_enc * rcp_max
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            tl.store(s_dec_ptr, s_dec)
         raw = tl.minimum(tl.minimum(amax * mult, 3.4028234663852886e38), 448.0)
         e = tl.minimum(tl.maximum(((raw.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6), 9)
         units = raw * ((3 - e + 127) << 23).to(tl.float32, bitcast=True)
@@ -154,7 +195,7 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
     if VALUES:  # the dequantized values instead of the codes: code value × block scale, to bf16
         noise = 0
         if STOCHASTIC:
-            noise = tl.load(noise_ptr + rows3 * snr + cols3 * snc, mask=inside3, other=0)
+            noise = _seed_noise(seed_ptr, rows3, cols3, C)
         if IS_INT:  # the codes, then their values from the table
             code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT,
                                 STOCHASTIC)
@@ -167,8 +208,30 @@ def _rowblock_kernel(x_ptr, noise_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, snr, 
         v = tl.reshape(v, (TILE_R, TILE_C))
         cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
         inside = (rows < R)[:, None] & (cols < C)[None, :]
-        _encode_store(v, noise_ptr, out_ptr, rows, cols, inside, R, C, snr, snc, sor, TILE_R, TILE_C,
+        noise = 0
+        if STOCHASTIC:
+            noise = _seed_noise(seed_ptr, rows[:, None], cols[None, :], C)
+        _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, sor, TILE_R, TILE_C,
                       STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
+
+
+@triton.jit
+def _hadamard_amax_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, signs_ptr, h_scale, BC: tl.constexpr,
+                          TILE_R: tl.constexpr, TILE_C: tl.constexpr, STAGES: tl.constexpr, X_BF16: tl.constexpr):
+    """The amax of the Hadamard-transformed (R, C) matrix, as the largest |x| bit pattern (NaN
+    above inf), by an atomic max of each tile's into *amax_bits_ptr (int32, starting at 0)."""
+    NB: tl.constexpr = TILE_C // BC
+    rows3 = (tl.program_id(0) * TILE_R + tl.arange(0, TILE_R))[:, None, None]
+    cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[None, :, None] + tl.arange(0, BC)[None, None, :]
+    inside3 = (rows3 < R) & (cols3 < C)
+    if X_BF16:
+        xb = tl.load(x_ptr + rows3 * sxr + cols3 * sxc, mask=inside3, other=0)
+        x = (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(x_ptr + rows3 * sxr + cols3 * sxc, mask=inside3, other=0.0).to(tl.float32)
+    x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, STAGES)
+    bits = tl.max(tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1), axis=0)
+    tl.atomic_max(amax_bits_ptr, bits)
 
 
 def _bits(X: torch.Tensor) -> torch.Tensor:
@@ -188,17 +251,29 @@ def supported(scheme: Scheme) -> bool:
     return br in (1, bc) and bc in (16, 32, 64, 128)
 
 
-def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | None, *,
-                       tile_r: int = 16, tile_c: int = 128, values: bool = False):
+def hadamard_fusable(scheme: Scheme, hadamard, C: int) -> bool:
+    """Whether the kernel can apply `hadamard` (hadamard.py) to the rows of an (R, C) matrix
+    itself: 1 × bc blocks with bc the transform's size, and C a multiple of it."""
+    br, bc = scheme.block
+    return hadamard is not None and br == 1 and bc == hadamard.size and C % bc == 0
+
+
+def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None, *,
+                       tile_r: int = 16, tile_c: int = 128, values: bool = False, hadamard=None):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Scales are stored as QuantizedTensor stores them: uint8 codes for E8M0 / E4M3, else fp32.
     values=True: instead of the codes, the (R, C) bf16 matrix of the dequantized values
     without the per-tensor scale — `dequantize_matrix(bf16, tensor_scale=False)` of the
     codes, bit for bit, where those values are exact in bf16 (the caller's condition).
+    hadamard: a `Hadamard` the kernel applies to every block first (`hadamard_fusable`), as
+    quantizing `hadamard.transform(X)` would.
     """
     R, C = X.shape
     elem, (br, bc) = scheme.elem, scheme.block
+    if hadamard is not None and not hadamard_fusable(scheme, hadamard, C):
+        raise ValueError(f"a Hadamard transform of size {hadamard.size} cannot be fused into {scheme.name} "
+                         f"blocks of {br}x{bc} over {C} columns")
     pack = elem.bits == 4 and not values
     nb = -(-C // bc)
     if values:
@@ -210,38 +285,50 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | No
     if br > 1:  # a tile is one block row
         tile_r = br
     s_dec = None
-    tensor_scales = scales  # not read unless two-level
-    if scheme.two_level:  # the tensor-wide level first, exactly as scaling.py computes it
-        # (the max of |x| in one reduction: exact, NaN propagating, as abs().amax())
-        tensor_amax = (torch.linalg.vector_norm(X, ord=float("inf")).float() if X.numel()
-                       else X.new_zeros((), dtype=torch.float32))
-        _, s_dec, mult = two_level_tensor_scales(tensor_amax, elem, scheme.scale_fmt)
-        tensor_scales = torch.stack([s_dec, mult])  # stays on the device: no host round trip
+    tensor_amax = scales  # not read unless two-level
+    if scheme.two_level:  # the tensor's amax (the kernel takes the tensor level from it, as
+        # scaling.py does), and the decode scale s_dec the kernel stores
+        if X.numel() == 0:
+            tensor_amax = X.new_zeros((), dtype=torch.float32)
+            return codes, scales, two_level_tensor_scales(tensor_amax, elem, scheme.scale_fmt)[1]
+        if hadamard is None:  # the max of |x| in one reduction: exact, NaN propagating
+            tensor_amax = torch.linalg.vector_norm(X, ord=float("inf")).float()
+        else:  # the max over the transformed blocks, by the transform's own kernel
+            bits = torch.zeros((), dtype=torch.int32, device=X.device)
+            _hadamard_amax_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))](
+                _bits(X), bits, R, C, X.stride(0), X.stride(1), hadamard.signs_tensor(X.device), hadamard.scale,
+                BC=bc, TILE_R=tile_r, TILE_C=tile_c, STAGES=bc.bit_length() - 1, X_BF16=X.dtype == torch.bfloat16)
+            tensor_amax = bits.view(torch.float32)
+        s_dec = torch.empty((), dtype=torch.float32, device=X.device)
     if X.numel() == 0:
         return codes, scales, s_dec
     rule = "two_level" if scheme.two_level else scheme.scale_rule
-    _launch(X, noise, codes, scales, scheme, rule, tensor_scales, scales, bc, 0, scale_codes, tile_r, tile_c, br,
-            values)
+    _launch(X, seed, codes, scales, scheme, rule, tensor_amax, scales, bc, 0, scale_codes, tile_r, tile_c, br,
+            values, hadamard, s_dec)
     return codes, scales, s_dec
 
 
-def _launch(X, noise, codes, scales, scheme: Scheme, rule: str, tensor_scales, amax, bc: int, amax_mode: int,
-            scale_codes: bool, tile_r: int, tile_c: int, br: int = 1, values: bool = False) -> None:
-    """One launch of the kernel over X (R, C); `tensor_scales` and `amax` are read only by the
-    two-level rule and the amax modes."""
+def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax, bc: int, amax_mode: int,
+            scale_codes: bool, tile_r: int, tile_c: int, br: int = 1, values: bool = False, hadamard=None,
+            s_dec=None) -> None:
+    """One launch of the kernel over X (R, C); `tensor_amax` (and `s_dec`, written) only by the
+    two-level rule, `amax` only by the amax modes."""
     R, C = X.shape
     elem = scheme.elem
-    n = noise if noise is not None else X
     _rowblock_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))](
-        _bits(X), n, codes, scales, R, C, X.stride(0), X.stride(1), n.stride(0), n.stride(1),
+        _bits(X), seed if seed is not None else scales, codes, scales, R, C, X.stride(0), X.stride(1),
         codes.stride(0), scales.stride(0),
-        float(elem.max), _reciprocal_of_max(elem.max), tensor_scales, amax,
+        float(elem.max), _reciprocal_of_max(elem.max), tensor_amax, amax,
+        hadamard.signs_tensor(X.device) if hadamard is not None else scales,
+        hadamard.scale if hadamard is not None else 1.0,
+        float(scheme.scale_fmt.max * elem.max), s_dec if s_dec is not None else scales,
         BC=bc, TILE_R=tile_r, TILE_C=tile_c, RULE=RULES[rule],
         KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
-        STOCHASTIC=noise is not None, PACK=2 if elem.bits == 4 else 1, SCALE_CODES=scale_codes,
+        STOCHASTIC=seed is not None, PACK=2 if elem.bits == 4 else 1, SCALE_CODES=scale_codes,
         AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, BR=br,
         elem_table=code_table(elem, X.device) if values and elem.is_integer else X, VALUES=values,
-        MAX_VALUE=float(elem.max), **format_constants(elem),
+        MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard is not None else 0,
+        **format_constants(elem),
         num_warps=8 if tile_r * tile_c >= 64 * 128 else 4,
     )
 
@@ -251,7 +338,7 @@ def amax_supported(scheme: Scheme) -> bool:
     return scheme.block in ((-1, -1), (1, -1)) and not scheme.two_level and scheme.scale_fmt.bits == 32
 
 
-def quantize_with_amax(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | None,
+def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None,
                        amax: torch.Tensor | None = None, *, tile_r: int = 16, tile_c: int = 128):
     """(codes, fp32 scales) of the (R, C) matrix X with one block per row or one for all.
 
@@ -270,6 +357,6 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, noise: torch.Tensor | No
     codes = torch.empty(R, (C + 1) // 2 if elem.bits == 4 else C, dtype=torch.uint8, device=X.device)
     scales = torch.empty(R if per_row else 1, 1, dtype=torch.float32, device=X.device)
     rule = scheme.scale_rule if scheme.pow2 else "amax"
-    _launch(X, noise, codes, scales, scheme, rule, scales, actual, tile_c, 1 if per_row else 2, False, tile_r, tile_c)
+    _launch(X, seed, codes, scales, scheme, rule, scales, actual, tile_c, 1 if per_row else 2, False, tile_r, tile_c)
     return codes, scales
 
