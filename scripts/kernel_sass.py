@@ -1,0 +1,108 @@
+"""Static machine code of the values kernel's variants, compiled for Hopper without a GPU.
+
+    python3 scripts/kernel_sass.py [--schemes mxfp8_e4m3 mxfp4 nvfp4] [--arch 90]
+
+For each scheme, with and without stochastic rounding and the kernel's own Hadamard transform,
+and for both ways the kernel reads its input — along rows (the inner dimension contiguous in
+memory: `quantize(x, axis=-1)`) and along columns (a transposed view, `axis=0`: the weight-
+gradient operands) — it compiles `kernels/rowblock.py`'s `_rowblock_kernel` with Triton's own
+compiler and ptxas (both in the triton wheel) and prints, per variant, the SASS instruction
+count of the whole kernel (one 16 × 128 tile: 16 elements a thread at 4 warps), the registers a
+thread, the shared memory, and the instructions that move the tile between layouts (STS/LDS
+through shared memory, BAR barriers, SHFL lane shuffles).
+
+These are static counts, not a timing: a count that grows, or barriers and shared memory that
+appear, show where a variant does more work per element; only the GPU says how much that costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+import triton.backends.nvidia as nvidia
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from fewerbits.kernels import rowblock
+from fewerbits.kernels.cast import format_constants
+from fewerbits.schemes import get_scheme
+
+KERNEL = rowblock._rowblock_kernel
+PARAMS = list(inspect.signature(KERNEL.fn).parameters)
+POINTERS = {"x_ptr": "*i16", "seed_ptr": "*i64", "out_ptr": "*bf16", "scale_ptr": "*u8",
+            "tensor_scales_ptr": "*fp32", "amax_ptr": "*fp32", "signs_ptr": "*fp32", "s_dec_ptr": "*fp32",
+            "elem_table": "*fp32"}
+FLOATS = {"elem_max", "rcp_max", "h_scale", "enc_numerator"}
+SHOWN = ("STS", "LDS", "BAR", "SHFL", "LDG", "STG")
+
+
+def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: str, arch: int):
+    """The compiled kernel of one variant: along "rows" (unit column stride) or "cols"."""
+    s = get_scheme(scheme_name)
+    elem, bc = s.elem, s.block[1]
+    constants = dict(
+        BC=bc, TILE_R=16, TILE_C=128, RULE=rowblock.RULES["two_level" if s.two_level else s.scale_rule],
+        KMIN=s.scale_fmt.emin, KMAX=s.scale_fmt.emax, EMAX_ELEM=elem.emax, STOCHASTIC=stochastic,
+        PACK=2 if elem.bits == 4 else 1, SCALE_CODES=s.scale_fmt.bits <= 8, AMAX_MODE=0, X_BF16=True, BR=1,
+        VALUES=True, MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard else 0,
+        **format_constants(elem))
+    constants["sxc" if along == "rows" else "sxr"] = 1  # as Triton specializes a stride of 1
+    signature = {p: "constexpr" if p in constants else POINTERS.get(p, "fp32" if p in FLOATS else "i32")
+                 for p in PARAMS}
+    aligned = [p for p in PARAMS if signature[p].startswith("*") or
+               (signature[p] == "i32" and p in ("R", "C", "sxr", "sxc", "sor", "ssr"))]
+    src = ASTSource(fn=KERNEL, signature=signature,
+                    constexprs={(PARAMS.index(p),): v for p, v in constants.items()},
+                    attrs={(PARAMS.index(p),): [["tt.divisibility", 16]] for p in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32))
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(nvidia.__file__), "bin", name)
+
+
+def sass_stats(kernel) -> tuple[int, collections.Counter, int, int]:
+    """(instructions, count by opcode, registers a thread, shared memory bytes) of a compiled kernel."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    try:
+        sass = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass)
+    regs = re.search(r"REG:(\d+)", usage)
+    return len(ops), collections.Counter(o.split(".")[0] for o in ops), int(regs.group(1)) if regs else -1, \
+        kernel.metadata.shared
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--schemes", nargs="+", default=["mxfp8_e4m3", "mxfp4", "nvfp4"])
+    p.add_argument("--arch", type=int, default=90, help="compute capability × 10 (90: Hopper)")
+    args = p.parse_args()
+    print(f"triton {triton.__version__}, sm_{args.arch}; one 16 × 128 tile, bf16 input, values out\n")
+    print("| scheme | rounding | Hadamard | read along | SASS instructions | registers | shared bytes | "
+          + " | ".join(SHOWN) + " |")
+    print("|---|---|---|---|--:|--:|--:|" + "--:|" * len(SHOWN))
+    for name in args.schemes:
+        bc = get_scheme(name).block[1]
+        for along in ("rows", "cols"):
+            for stochastic in (False, True):
+                for hadamard in (False, True):
+                    if hadamard and bc not in (16, 32):  # the recipes' transforms: 32 (mxfp4), 16 (nvfp4)
+                        continue
+                    n, ops, regs, shared = sass_stats(compile_variant(name, stochastic, hadamard, along, args.arch))
+                    print(f"| {name} | {'SR' if stochastic else 'nearest'} | {'yes' if hadamard else 'no'} | {along} | "
+                          f"{n} | {regs} | {shared} | " + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
