@@ -222,8 +222,8 @@ def test_values_of_the_hadamard_transform_made_in_the_kernel(name, size, roundin
     from fewerbits.kernels import rowblock
 
     h = fb.Hadamard(size, seed=7)
-    x = torch.from_numpy(hard_matrix(64, 96, seed=5, specials=True)).to(DEVICE)
-    x[10, 40:] = torch.randn(56) * 1e4  # one large row: its blocks set the tensor amax
+    x = torch.from_numpy(hard_matrix(64, 64, seed=5, specials=True)).to(DEVICE)
+    x[10, 40:] = torch.randn(24) * 1e4  # one large row: its blocks set the tensor amax
     for t in (x, x.bfloat16(), x[:37]):
         for axis in (-1, 0):
             gen = lambda: torch.Generator(device=DEVICE).manual_seed(3)  # noqa: E731
@@ -232,7 +232,7 @@ def test_values_of_the_hadamard_transform_made_in_the_kernel(name, size, roundin
             assert same_values(values, q.dequantize_matrix(torch.bfloat16, tensor_scale=False)), (t.shape, axis)
             assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)
     scheme = fb.get_scheme(name)
-    assert rowblock.hadamard_fusable(scheme, h, 96) and not rowblock.hadamard_fusable(scheme, h, 37)
-    assert not rowblock.hadamard_fusable(scheme, fb.Hadamard(2 * size), 96)
+    assert rowblock.hadamard_fusable(scheme, h, 64) and not rowblock.hadamard_fusable(scheme, h, 37)
+    assert not rowblock.hadamard_fusable(scheme, fb.Hadamard(2 * size), 64)
     with pytest.raises(ValueError, match="cannot be fused"):
         rowblock.quantize_rowblocks(x[:, :37], scheme, None, values=True, hadamard=h)

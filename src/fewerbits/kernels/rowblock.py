@@ -288,9 +288,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     tensor_amax = scales  # not read unless two-level
     if scheme.two_level:  # the tensor's amax (the kernel takes the tensor level from it, as
         # scaling.py does), and the decode scale s_dec the kernel stores
-        if X.numel() == 0:
-            tensor_amax = X.new_zeros((), dtype=torch.float32)
-            return codes, scales, two_level_tensor_scales(tensor_amax, elem, scheme.scale_fmt)[1]
+        if X.numel() == 0:  # as the reference: the tensor level of an amax of 0
+            return codes, scales, two_level_tensor_scales(X.new_zeros(()), elem, scheme.scale_fmt)[1]
         if hadamard is None:  # the max of |x| in one reduction: exact, NaN propagating
             tensor_amax = torch.linalg.vector_norm(X, ord=float("inf")).float()
         else:  # the max over the transformed blocks, by the transform's own kernel
