@@ -291,6 +291,42 @@ def test_the_trainers_model_compiles_to_one_graph_on_cuda(name):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("name", ["fp8_tensorwise", "mxfp8", "mxfp4", "nvfp4"])
+def test_a_compiled_training_step_never_waits_for_the_gpu(name):
+    """After warm-up, the training step `bench train` times, compiled block by block, makes no
+    call that synchronizes with the GPU: a host-to-device copy of a constant, or a device value
+    read on the host, would stall the stream on every step (as the Hadamard matrix copied into
+    each compiled backward did: docs/kernels-notes.md, v20)."""
+    import warnings
+
+    from fewerbits import bench
+    from fewerbits.models import Llama, ModelConfig
+    from fewerbits.train.precision import apply_recipe
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=512, max_seq_len=128)
+    model = Llama(cfg).cuda()
+    apply_recipe(model, name, policy=fb.Policy(min_features=0, keep_last_blocks=0), device="cuda")
+    ids = torch.randint(0, 512, (2, 129), device="cuda")
+    step = bench.training_step(model, ids[:, :-1], ids[:, 1:], compile=False, blocks=True,
+                               device=torch.device("cuda"))
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert not syncs, (len(syncs), syncs[:2])
+    torch._dynamo.reset()
+
+
 def test_conversion_keeps_what_native_fp8_cannot_take():
     model = nn.Sequential(nn.Linear(1024, 1000), nn.GELU(), nn.Linear(1000, 1024), nn.Linear(1024, 128)).cuda()
     report = fb.convert(model, "fp8_blockwise")

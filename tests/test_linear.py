@@ -145,6 +145,27 @@ def test_hadamard_transform_is_the_butterfly_in_float32():
         assert torch.equal(h.transform(g.t().contiguous(), dim=0), h.transform(g).t())
 
 
+def test_hadamard_transform_traced_builds_no_constant_from_a_list():
+    """Traced by torch.compile, the transform makes its sign vector on the device from integer
+    words: a constant built from a list would be copied from the host on every call of the
+    compiled graph (on a GPU, a wait for the whole stream each time). Same bits as eager."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    for h in (fb.Hadamard(16, seed=3), fb.Hadamard(32, seed=0), fb.Hadamard(64, seed=1)):
+        torch._dynamo.reset()
+        graphs.clear()
+        x = torch.randn(8, 2 * h.size)
+        compiled = torch.compile(lambda t: h.transform(t, dim=-1), backend=capture, fullgraph=True)
+        assert torch.equal(compiled(x).view(torch.int32), h.transform(x).view(torch.int32))
+        nodes = [n for g in graphs for n in g.graph.nodes]
+        assert nodes and not any(n.op == "call_function" and n.target is torch.tensor for n in nodes)
+    torch._dynamo.reset()
+
+
 def test_hadamard_raises_mxfp4_weight_gradient_sqnr_on_outliers():
     g, x = heavy_tailed(1024, 256, 0), heavy_tailed(1024, 256, 1)
     naive = fb.get_recipe("mxfp4_naive")
