@@ -9,11 +9,18 @@ same model (bf16 autocast, the output head left out), as `bench train --peer tor
 The step is `fewerbits bench train`'s (forward, cross-entropy, backward, clipping, AdamW);
 with --compile the model is compiled as in `bench train --compile` (the optimizer stays eager).
 For each recipe it prints the kernels by total GPU time and a summary by kind (GEMM, FP8
-GEMM, Triton casts, elementwise/reduction, optimizer, copies), per step.
+GEMM, Triton casts, elementwise/reduction, optimizer, copies), per step, and the host's side:
+how long a step takes to enqueue (the call returning, before the GPU is done) and how many
+calls in a step synchronize with the GPU (`torch.cuda.set_sync_debug_mode`). A step whose
+kernels add up to less than its time, with synchronizations or an enqueue time near the step
+time, is waiting on the host, not on the GPU.
 """
 
 import argparse
 import re
+import statistics
+import time
+import warnings
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -74,6 +81,7 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
     step = bench.training_step(model, x, y, compile=args.compile, device=device, autocast=autocast,
                                blocks=args.compile_blocks)
     wall = time_ms(step, 5, args.warmup, device)
+    enqueue_ms, syncs = host_side(step)
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
             step()
@@ -93,6 +101,8 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
         by_kind[kind(name)] = by_kind.get(kind(name), 0.0) + ms
     for k, ms in sorted(by_kind.items(), key=lambda kv: -kv[1]):
         print(f"  {k:30s} {ms:8.2f} ms  {100 * ms / total:5.1f}%")
+    print(f"  host: {enqueue_ms:.1f} ms to enqueue a step (median of 5), {len(syncs)} synchronizing calls in a step"
+          + (f"; the first: {syncs[0][:100]}" if syncs else ""))
     print(f"  top {args.top} kernels (ms/step, calls/step, name):")
     for ms, n, name in rows[: args.top]:
         print(f"  {ms:8.2f} {n:5d}  {name[:150]}")
@@ -100,6 +110,27 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
         prof.export_chrome_trace(f"{args.trace_dir}/{recipe}.json")
     if compiled:
         torch._dynamo.reset()
+
+
+def host_side(step) -> tuple[float, list[str]]:
+    """(median ms for `step()` to return, its GPU work still queued; the warnings of the calls in
+    one step that synchronized with the GPU)."""
+    enqueue = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        enqueue.append(1e3 * (time.perf_counter() - t0))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    return statistics.median(enqueue), [str(w.message) for w in caught if "synchroniz" in str(w.message)]
 
 
 if __name__ == "__main__":
