@@ -11,7 +11,7 @@ with --compile the model is compiled as in `bench train --compile` (the optimize
 For each recipe it prints the kernels by total GPU time and a summary by kind (GEMM, FP8
 GEMM, Triton casts, elementwise/reduction, optimizer, copies), per step, and the host's side:
 how long a step takes to enqueue (the call returning, before the GPU is done) and how many
-calls in a step synchronize with the GPU (`torch.cuda.set_sync_debug_mode`). A step whose
+calls in a step synchronize with the GPU (`bench.synchronizing_calls`). A step whose
 kernels add up to less than its time, with synchronizations or an enqueue time near the step
 time, is waiting on the host, not on the GPU.
 """
@@ -20,7 +20,6 @@ import argparse
 import re
 import statistics
 import time
-import warnings
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -121,16 +120,7 @@ def host_side(step) -> tuple[float, list[str]]:
         t0 = time.perf_counter()
         step()
         enqueue.append(1e3 * (time.perf_counter() - t0))
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    return statistics.median(enqueue), [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    return statistics.median(enqueue), bench.synchronizing_calls(step)
 
 
 if __name__ == "__main__":

@@ -123,3 +123,12 @@ def test_bench_train_compile_blocks_compiles_block_by_block(capsys, monkeypatch)
     assert main(argv) == 0
     assert calls == [{"blocks": True}] * 2
     assert "--compile-blocks --recipes bf16,fp8_tensorwise" in capsys.readouterr().out
+
+
+def test_synchronizing_calls_runs_the_step_once():
+    """Without CUDA nothing can make the host wait for it: the step runs once, the list is empty
+    (on a GPU, tests/test_cuda.py asserts that no compiled training step makes such a call)."""
+    from fewerbits.bench import synchronizing_calls
+
+    calls = []
+    assert synchronizing_calls(lambda: calls.append(1)) == [] and calls == [1]

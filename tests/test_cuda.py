@@ -272,19 +272,25 @@ def test_two_compiled_emulated_linears_equal_eager_with_and_without_autograd_on_
     assert all(e < 1e-3 for e in errors.values()), errors
 
 
+def small_llama(name: str):
+    """A two-block Llama on the GPU, every Linear under recipe `name` (seeded)."""
+    from fewerbits.models import Llama, ModelConfig
+    from fewerbits.train.precision import apply_recipe
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=512, max_seq_len=128)
+    model = Llama(cfg).cuda()
+    apply_recipe(model, name, policy=fb.Policy(min_features=0, keep_last_blocks=0), device="cuda")
+    return model
+
+
 @pytest.mark.parametrize("name", ["bf16", "fp8_tensorwise", "fp8_delayed", "fp8_rowwise", "fp8_blockwise",
                                   "mxfp8", "mxfp4", "nvfp4"])
 def test_the_trainers_model_compiles_to_one_graph_on_cuda(name):
     """On a GPU the quantized Linears take other paths than on a CPU (Triton kernels, native
     FP8 GEMMs): none of them may break the graph, or torch.compile runs most of a step eagerly."""
-    from fewerbits.models import Llama, ModelConfig
-    from fewerbits.train.precision import apply_recipe
-
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    cfg = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=512, max_seq_len=128)
-    model = Llama(cfg).cuda()
-    apply_recipe(model, name, policy=fb.Policy(min_features=0, keep_last_blocks=0), device="cuda")
+    model = small_llama(name)
     ids = torch.randint(0, 512, (2, 128), device="cuda")
     explained = torch._dynamo.explain(model)(ids)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
@@ -297,32 +303,16 @@ def test_a_compiled_training_step_never_waits_for_the_gpu(name):
     call that synchronizes with the GPU: a host-to-device copy of a constant, or a device value
     read on the host, would stall the stream on every step (as the Hadamard matrix copied into
     each compiled backward did: docs/kernels-notes.md, v20)."""
-    import warnings
-
     from fewerbits import bench
-    from fewerbits.models import Llama, ModelConfig
-    from fewerbits.train.precision import apply_recipe
 
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    cfg = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=512, max_seq_len=128)
-    model = Llama(cfg).cuda()
-    apply_recipe(model, name, policy=fb.Policy(min_features=0, keep_last_blocks=0), device="cuda")
+    model = small_llama(name)
     ids = torch.randint(0, 512, (2, 129), device="cuda")
     step = bench.training_step(model, ids[:, :-1], ids[:, 1:], compile=False, blocks=True,
                                device=torch.device("cuda"))
     for _ in range(2):
         step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    syncs = bench.synchronizing_calls(step)
     assert not syncs, (len(syncs), syncs[:2])
     torch._dynamo.reset()
 

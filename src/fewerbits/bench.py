@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import gc
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -286,6 +287,26 @@ def training_step(model, x, y, *, compile: bool, device, autocast: bool = False,
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def synchronizing_calls(fn) -> list[str]:
+    """Run fn() once and return the warnings of the calls in it that made the host wait for a
+    CUDA device (`torch.cuda.set_sync_debug_mode`): a host-to-device copy of a constant or a
+    device value read on the host. A step that makes any stalls the GPU every time it runs.
+    Without CUDA nothing can wait for it: fn runs and the list is empty."""
+    if not torch.cuda.is_available():
+        fn()
+        return []
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
 
 
 def _require_torchao():
