@@ -7,9 +7,11 @@ and for both ways the kernel reads its input — along rows (the inner dimension
 memory: `quantize(x, axis=-1)`) and along columns (a transposed view, `axis=0`: the weight-
 gradient operands) — it compiles `kernels/rowblock.py`'s `_rowblock_kernel` with Triton's own
 compiler and ptxas (both in the triton wheel) and prints, per variant, the SASS instruction
-count of the whole kernel (one 16 × 128 tile: 16 elements a thread at 4 warps), the registers a
-thread, the shared memory, and the instructions that move the tile between layouts (STS/LDS
-through shared memory, BAR barriers, SHFL lane shuffles).
+count of the whole kernel and per element (one tile of the library's choice: 16 × 128 at 4
+warps; 16 × 256 at 8 warps where a column read is laid out as a row read,
+`rowblock.column_read_as_rows`), the registers a thread, the shared memory, and the
+instructions that move the tile between layouts (STS/LDS through shared memory, BAR barriers,
+SHFL lane shuffles).
 
 These are static counts, not a timing: a count that grows, or barriers and shared memory that
 appear, show where a variant does more work per element; only the GPU says how much that costs.
@@ -25,11 +27,13 @@ import re
 import subprocess
 import tempfile
 
+import torch
 import triton
 import triton.backends.nvidia as nvidia
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from fewerbits.hadamard import Hadamard
 from fewerbits.kernels import rowblock
 from fewerbits.kernels.cast import format_constants
 from fewerbits.schemes import get_scheme
@@ -43,12 +47,22 @@ FLOATS = {"elem_max", "rcp_max", "h_scale", "enc_numerator"}
 SHOWN = ("STS", "LDS", "BAR", "SHFL", "LDG", "STG")
 
 
+def tile(scheme_name: str, hadamard: bool, along: str) -> tuple[bool, int, int, int]:
+    """(as_rows, tile rows, tile columns, warps) as the library picks them for the values of
+    a (large) matrix read along rows or columns."""
+    s = get_scheme(scheme_name)
+    view = torch.empty(16, 128) if along == "rows" else torch.empty(128, 16).t()
+    as_rows = rowblock.column_read_as_rows(view, s, True, Hadamard(s.block[1]) if hadamard else None)
+    return (True, 16, 256, 8) if as_rows else (False, 16, 128, 4)
+
+
 def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: str, arch: int):
     """The compiled kernel of one variant: along "rows" (unit column stride) or "cols"."""
     s = get_scheme(scheme_name)
     elem, bc = s.elem, s.block[1]
+    as_rows, tile_r, tile_c, warps = tile(scheme_name, hadamard, along)
     constants = dict(
-        BC=bc, TILE_R=16, TILE_C=128, RULE=rowblock.RULES["two_level" if s.two_level else s.scale_rule],
+        BC=bc, TILE_R=tile_r, TILE_C=tile_c, AS_ROWS=as_rows, RULE=rowblock.RULES["two_level" if s.two_level else s.scale_rule],
         KMIN=s.scale_fmt.emin, KMAX=s.scale_fmt.emax, EMAX_ELEM=elem.emax, STOCHASTIC=stochastic,
         PACK=2 if elem.bits == 4 else 1, SCALE_CODES=s.scale_fmt.bits <= 8, AMAX_MODE=0, X_BF16=True, BR=1,
         VALUES=True, MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard else 0,
@@ -61,7 +75,7 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
     src = ASTSource(fn=KERNEL, signature=signature,
                     constexprs={(PARAMS.index(p),): v for p, v in constants.items()},
                     attrs={(PARAMS.index(p),): [["tt.divisibility", 16]] for p in aligned})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32))
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
 
 
 def _tool(name: str) -> str:
@@ -88,10 +102,10 @@ def main() -> None:
     p.add_argument("--schemes", nargs="+", default=["mxfp8_e4m3", "mxfp4", "nvfp4"])
     p.add_argument("--arch", type=int, default=90, help="compute capability × 10 (90: Hopper)")
     args = p.parse_args()
-    print(f"triton {triton.__version__}, sm_{args.arch}; one 16 × 128 tile, bf16 input, values out\n")
-    print("| scheme | rounding | Hadamard | read along | SASS instructions | registers | shared bytes | "
+    print(f"triton {triton.__version__}, sm_{args.arch}; one tile, bf16 input, values out\n")
+    print("| scheme | rounding | Hadamard | read along | tile | SASS instructions | an element | registers | shared bytes | "
           + " | ".join(SHOWN) + " |")
-    print("|---|---|---|---|--:|--:|--:|" + "--:|" * len(SHOWN))
+    print("|---|---|---|---|---|--:|--:|--:|--:|" + "--:|" * len(SHOWN))
     for name in args.schemes:
         bc = get_scheme(name).block[1]
         for along in ("rows", "cols"):
@@ -100,8 +114,10 @@ def main() -> None:
                     if hadamard and bc not in (16, 32):  # the recipes' transforms: 32 (mxfp4), 16 (nvfp4)
                         continue
                     n, ops, regs, shared = sass_stats(compile_variant(name, stochastic, hadamard, along, args.arch))
+                    as_rows, tr, tc, warps = tile(name, hadamard, along)
+                    per_thread = tr * tc // (32 * warps)  # elements a thread
                     print(f"| {name} | {'SR' if stochastic else 'nearest'} | {'yes' if hadamard else 'no'} | {along} | "
-                          f"{n} | {regs} | {shared} | " + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)
+                          f"{tr} × {tc}{' as rows' if as_rows else ''} | {n} | {n / per_thread:.1f} | {regs} | {shared} | " + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)
 
 
 if __name__ == "__main__":

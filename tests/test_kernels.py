@@ -204,6 +204,39 @@ def test_values_without_codes_equal_dequantized_codes(name, rounding):
             assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)
 
 
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+def test_a_column_read_gives_the_reference_values_in_either_layout(name):
+    """A column read (a transposed view: the weight-gradient operands) gives the reference's
+    values whether the kernel lays the tile out in the memory's order or as a row read
+    (`rowblock.column_read_as_rows`, which takes its row stride unspecialized): nearest and
+    stochastic rounding, with and without the recipes' Hadamard transforms, fp32 and bf16 input,
+    NaN/inf/zero/subnormal blocks, rows that do not fill a tile."""
+    from fewerbits.kernels import rowblock
+    from fewerbits.rounding import draw_seed
+
+    scheme = fb.get_scheme(name)
+    x = torch.from_numpy(hard_matrix(64, 45, seed=8, specials=True)).to(DEVICE)
+    transforms = (None, fb.Hadamard(scheme.block[1], seed=2)) if name != "mxfp8_e4m3" else (None,)
+    for t in (x, x.bfloat16()):
+        X = t.t()  # (45, 64), read along columns
+        assert X.stride(0) == 1
+        for rounding in ("nearest", "stochastic"):
+            for h in transforms:
+                gen = lambda: torch.Generator(device=DEVICE).manual_seed(11)  # noqa: E731
+                seed = draw_seed(X.device, gen()) if rounding == "stochastic" else None
+                q = fb.quantize(X if h is None else h.transform(X, dim=-1), scheme, rounding=rounding, generator=gen())
+                ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
+                for as_rows in (False, True):
+                    values, _, ts = rowblock.quantize_rowblocks(X, scheme, seed, values=True, hadamard=h,
+                                                                as_rows=as_rows)
+                    assert same_values(values, ref), (t.dtype, rounding, h is not None, as_rows)
+                    assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)
+    # the choice: the row layout for 1 × bc values read along columns, but not under a 32-point transform
+    assert rowblock.column_read_as_rows(x.t(), scheme, True) and not rowblock.column_read_as_rows(x, scheme, True)
+    assert not rowblock.column_read_as_rows(x.t(), scheme, False)
+    assert rowblock.column_read_as_rows(x.t(), scheme, True, fb.Hadamard(16)) == (scheme.block[1] == 16)
+
+
 def same_values(values, ref) -> bool:
     """bf16 matrices equal bit for bit, NaN for NaN (the sign of a NaN aside)."""
     nan = ref.isnan()

@@ -71,8 +71,8 @@ def _hadamard_blocks(x, signs_ptr, h_scale, TILE_R: tl.constexpr, NB: tl.constex
     return x * h_scale
 
 
-@triton.jit
-def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, ssr,
+@triton.jit(do_not_specialize=["row_stride"])
+def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, ssr, row_stride,
                      elem_max, rcp_max, tensor_scales_ptr, amax_ptr, signs_ptr, h_scale, enc_numerator, s_dec_ptr,
                      BC: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, RULE: tl.constexpr,
                      KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr,
@@ -81,7 +81,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
                      BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
                      SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
                      X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr,
-                     MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr):
+                     MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr):
     NB: tl.constexpr = TILE_C // BC
     # the tile as (TILE_R, NB, BC): rows, blocks, a block's columns; a block's amax and its
     # factor broadcast back along the last axis, with no reshape between (a reshape can make
@@ -90,13 +90,19 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
     rows3 = rows[:, None, None]
     cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[None, :, None] + tl.arange(0, BC)[None, None, :]
     inside3 = (rows3 < R) & (cols3 < C)
+    if AS_ROWS:  # the row stride (1: a column read) from an argument the compiler does not
+        # specialize: not seeing that the rows are contiguous, it lays the tile out as for a
+        # row read (`column_read_as_rows`), loading element by element
+        offsets = rows3 * row_stride + cols3 * sxc
+    else:
+        offsets = rows3 * sxr + cols3 * sxc
     if X_BF16:  # bf16 bits widened by hand: exact for subnormals everywhere (Triton's
         # interpreter converts bf16 subnormals wrongly)
-        xb = tl.load(x_ptr + rows3 * sxr + cols3 * sxc, mask=inside3, other=0)
+        xb = tl.load(x_ptr + offsets, mask=inside3, other=0)
         xbits = xb.to(tl.int32) << 16
         x = xbits.to(tl.float32, bitcast=True)
     else:
-        x = tl.load(x_ptr + rows3 * sxr + cols3 * sxc, mask=inside3, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offsets, mask=inside3, other=0.0).to(tl.float32)
         xbits = x.to(tl.int32, bitcast=True)
     if H_STAGES > 0:  # the blocks transformed first (C a multiple of BC: no padding in a block)
         x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, H_STAGES)
@@ -258,8 +264,24 @@ def hadamard_fusable(scheme: Scheme, hadamard, C: int) -> bool:
     return hadamard is not None and br == 1 and bc == hadamard.size and C % bc == 0
 
 
+def column_read_as_rows(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None) -> bool:
+    """Whether the kernel lays out a column read of X — a transposed view: every weight-gradient
+    operand, and the weight of dgrad — as it lays out a row read: a 32-element block's elements
+    along lanes, 8 consecutive ones a thread, loaded one by one; otherwise a thread holds
+    consecutive rows (the direction contiguous in memory, loaded 16 bytes at a time), and each
+    block's reductions and scale arithmetic run across lanes and warps. Chosen by timing on
+    the H200 (docs/kernels-notes.md, v21): the row layout for the values of 1 × bc blocks read
+    along columns (mxfp8 0.423 → 0.404 ms and fp32 weights 0.254 → 0.211 ms, NVFP4's
+    transformed gradients 2.00 → 1.14 ms), except where the kernel applies a 32-point Hadamard
+    transform (mxfp4's weight gradients), which it made slower (1.40 → 1.94 ms)."""
+    br, bc = scheme.block
+    column_read = X.dim() == 2 and X.stride(0) == 1 and X.stride(1) != 1
+    return values and br == 1 and column_read and not (hadamard is not None and bc == 32)
+
+
 def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None, *,
-                       tile_r: int = 16, tile_c: int = 128, values: bool = False, hadamard=None):
+                       tile_r: int | None = None, tile_c: int | None = None, values: bool = False, hadamard=None,
+                       num_warps: int | None = None, as_rows: bool | None = None):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Scales are stored as QuantizedTensor stores them: uint8 codes for E8M0 / E4M3, else fp32.
@@ -268,6 +290,10 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     codes, bit for bit, where those values are exact in bf16 (the caller's condition).
     hadamard: a `Hadamard` the kernel applies to every block first (`hadamard_fusable`), as
     quantizing `hadamard.transform(X)` would.
+    as_rows: lay a column read out as a row read (default: `column_read_as_rows`; the
+    bits are the same either way).
+    tile_r, tile_c, num_warps: the tile one program quantizes and its warps; by default 16 ×
+    128 at 4 warps, 16 × 256 at 8 in the row layout of a column read.
     """
     R, C = X.shape
     elem, (br, bc) = scheme.elem, scheme.block
@@ -282,8 +308,11 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         codes = torch.empty(R, (C + 1) // 2 if pack else C, dtype=torch.uint8, device=X.device)
     scale_codes = scheme.scale_fmt.bits <= 8
     scales = torch.empty(-(-R // br), nb, dtype=torch.uint8 if scale_codes else torch.float32, device=X.device)
-    if br > 1:  # a tile is one block row
-        tile_r = br
+    if as_rows is None:
+        as_rows = column_read_as_rows(X, scheme, values, hadamard)
+    tile_r = br if br > 1 else tile_r or 16  # a square-block tile is one block row
+    tile_c = tile_c or (256 if as_rows else 128)
+    num_warps = num_warps or (8 if as_rows else None)
     s_dec = None
     tensor_amax = scales  # not read unless two-level
     if scheme.two_level:  # the tensor's amax (the kernel takes the tensor level from it, as
@@ -294,29 +323,29 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
             tensor_amax = torch.linalg.vector_norm(X, ord=float("inf")).float()
         else:  # the max over the transformed blocks, by the transform's own kernel
             bits = torch.zeros((), dtype=torch.int32, device=X.device)
-            _hadamard_amax_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))](
+            _hadamard_amax_kernel[(triton.cdiv(R, 16), triton.cdiv(C, 128))](
                 _bits(X), bits, R, C, X.stride(0), X.stride(1), hadamard.signs_tensor(X.device), hadamard.scale,
-                BC=bc, TILE_R=tile_r, TILE_C=tile_c, STAGES=bc.bit_length() - 1, X_BF16=X.dtype == torch.bfloat16)
+                BC=bc, TILE_R=16, TILE_C=128, STAGES=bc.bit_length() - 1, X_BF16=X.dtype == torch.bfloat16)
             tensor_amax = bits.view(torch.float32)
         s_dec = torch.empty((), dtype=torch.float32, device=X.device)
     if X.numel() == 0:
         return codes, scales, s_dec
     rule = "two_level" if scheme.two_level else scheme.scale_rule
     _launch(X, seed, codes, scales, scheme, rule, tensor_amax, scales, bc, 0, scale_codes, tile_r, tile_c, br,
-            values, hadamard, s_dec)
+            values, hadamard, s_dec, num_warps, as_rows)
     return codes, scales, s_dec
 
 
 def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax, bc: int, amax_mode: int,
             scale_codes: bool, tile_r: int, tile_c: int, br: int = 1, values: bool = False, hadamard=None,
-            s_dec=None) -> None:
+            s_dec=None, num_warps: int | None = None, as_rows: bool = False) -> None:
     """One launch of the kernel over X (R, C); `tensor_amax` (and `s_dec`, written) only by the
     two-level rule, `amax` only by the amax modes."""
     R, C = X.shape
     elem = scheme.elem
     _rowblock_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))](
         _bits(X), seed if seed is not None else scales, codes, scales, R, C, X.stride(0), X.stride(1),
-        codes.stride(0), scales.stride(0),
+        codes.stride(0), scales.stride(0), X.stride(0),
         float(elem.max), _reciprocal_of_max(elem.max), tensor_amax, amax,
         hadamard.signs_tensor(X.device) if hadamard is not None else scales,
         hadamard.scale if hadamard is not None else 1.0,
@@ -327,8 +356,8 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, BR=br,
         elem_table=code_table(elem, X.device) if values and elem.is_integer else X, VALUES=values,
         MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard is not None else 0,
-        **format_constants(elem),
-        num_warps=8 if tile_r * tile_c >= 64 * 128 else 4,
+        AS_ROWS=as_rows, **format_constants(elem),
+        num_warps=num_warps or (8 if tile_r * tile_c >= 64 * 128 else 4),
     )
 
 
