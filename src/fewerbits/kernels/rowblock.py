@@ -221,20 +221,23 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
                       STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
 
 
-@triton.jit
-def _hadamard_amax_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, signs_ptr, h_scale, BC: tl.constexpr,
-                          TILE_R: tl.constexpr, TILE_C: tl.constexpr, STAGES: tl.constexpr, X_BF16: tl.constexpr):
+@triton.jit(do_not_specialize=["row_stride"])
+def _hadamard_amax_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, row_stride, signs_ptr, h_scale, BC: tl.constexpr,
+                          TILE_R: tl.constexpr, TILE_C: tl.constexpr, STAGES: tl.constexpr, X_BF16: tl.constexpr,
+                          AS_ROWS: tl.constexpr):
     """The amax of the Hadamard-transformed (R, C) matrix, as the largest |x| bit pattern (NaN
-    above inf), by an atomic max of each tile's into *amax_bits_ptr (int32, starting at 0)."""
+    above inf), by an atomic max of each tile's into *amax_bits_ptr (int32, starting at 0); a
+    column read laid out as a row read where AS_ROWS (as `_rowblock_kernel`)."""
     NB: tl.constexpr = TILE_C // BC
     rows3 = (tl.program_id(0) * TILE_R + tl.arange(0, TILE_R))[:, None, None]
     cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[None, :, None] + tl.arange(0, BC)[None, None, :]
     inside3 = (rows3 < R) & (cols3 < C)
+    offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
     if X_BF16:
-        xb = tl.load(x_ptr + rows3 * sxr + cols3 * sxc, mask=inside3, other=0)
+        xb = tl.load(x_ptr + offsets, mask=inside3, other=0)
         x = (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
     else:
-        x = tl.load(x_ptr + rows3 * sxr + cols3 * sxc, mask=inside3, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offsets, mask=inside3, other=0.0).to(tl.float32)
     x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, STAGES)
     bits = tl.max(tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1), axis=0)
     tl.atomic_max(amax_bits_ptr, bits)
@@ -272,8 +275,9 @@ def column_read_as_rows(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=
     block's reductions and scale arithmetic run across lanes and warps. Chosen by timing on
     the H200 (docs/kernels-notes.md, v21): the row layout for the values of 1 × bc blocks read
     along columns (mxfp8 0.423 → 0.404 ms and fp32 weights 0.254 → 0.211 ms, NVFP4's
-    transformed gradients 2.00 → 1.14 ms), except where the kernel applies a 32-point Hadamard
-    transform (mxfp4's weight gradients), which it made slower (1.40 → 1.94 ms)."""
+    transformed gradients 2.00 → 1.14 ms; with NVFP4's tensor-amax pass of the transform laid
+    out the same way, the two passes 1.44 → 0.60 ms), except where the kernel applies a 32-point
+    Hadamard transform (mxfp4's weight gradients), which it made slower (1.40 → 1.94 ms)."""
     br, bc = scheme.block
     column_read = X.dim() == 2 and X.stride(0) == 1 and X.stride(1) != 1
     return values and br == 1 and column_read and not (hadamard is not None and bc == 32)
@@ -323,9 +327,11 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
             tensor_amax = torch.linalg.vector_norm(X, ord=float("inf")).float()
         else:  # the max over the transformed blocks, by the transform's own kernel
             bits = torch.zeros((), dtype=torch.int32, device=X.device)
-            _hadamard_amax_kernel[(triton.cdiv(R, 16), triton.cdiv(C, 128))](
-                _bits(X), bits, R, C, X.stride(0), X.stride(1), hadamard.signs_tensor(X.device), hadamard.scale,
-                BC=bc, TILE_R=16, TILE_C=128, STAGES=bc.bit_length() - 1, X_BF16=X.dtype == torch.bfloat16)
+            at, ac, aw = (16, 256, 8) if as_rows else (16, 128, 4)  # a tile as the values kernel's
+            _hadamard_amax_kernel[(triton.cdiv(R, at), triton.cdiv(C, ac))](
+                _bits(X), bits, R, C, X.stride(0), X.stride(1), X.stride(0), hadamard.signs_tensor(X.device),
+                hadamard.scale, BC=bc, TILE_R=at, TILE_C=ac, STAGES=bc.bit_length() - 1,
+                X_BF16=X.dtype == torch.bfloat16, AS_ROWS=as_rows, num_warps=aw)
             tensor_amax = bits.view(torch.float32)
         s_dec = torch.empty((), dtype=torch.float32, device=X.device)
     if X.numel() == 0:
