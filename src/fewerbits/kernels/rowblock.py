@@ -274,10 +274,11 @@ def column_read_as_rows(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=
     consecutive rows (the direction contiguous in memory, loaded 16 bytes at a time), and each
     block's reductions and scale arithmetic run across lanes and warps. Chosen by timing on
     the H200 (docs/kernels-notes.md, v21): the row layout for the values of 1 × bc blocks read
-    along columns (mxfp8 0.423 → 0.404 ms and fp32 weights 0.254 → 0.211 ms, NVFP4's
-    transformed gradients 2.00 → 1.14 ms; with NVFP4's tensor-amax pass of the transform laid
-    out the same way, the two passes 1.44 → 0.60 ms), except where the kernel applies a 32-point
-    Hadamard transform (mxfp4's weight gradients), which it made slower (1.40 → 1.94 ms)."""
+    along columns (one layer's operands, two runs: mxfp8's gradient 0.42–0.45 → 0.40–0.42 ms,
+    NVFP4's transformed gradient 2.0–2.1 → 1.1–1.5 ms, and with NVFP4's tensor-amax pass of the
+    transform laid out the same way, its two passes 1.44 → 0.60 ms), except where the kernel
+    applies a 32-point Hadamard transform (mxfp4's weight gradients), which it made slower
+    (1.40 → 1.94 ms)."""
     br, bc = scheme.block
     column_read = X.dim() == 2 and X.stride(0) == 1 and X.stride(1) != 1
     return values and br == 1 and column_read and not (hadamard is not None and bc == 32)
