@@ -53,7 +53,8 @@ def tile(scheme_name: str, hadamard: bool, along: str) -> tuple[bool, int, int, 
     s = get_scheme(scheme_name)
     view = torch.empty(16, 128) if along == "rows" else torch.empty(128, 16).t()
     as_rows = rowblock.column_read_as_rows(view, s, True, Hadamard(s.block[1]) if hadamard else None)
-    return (True, 16, 256, 8) if as_rows else (False, 16, 128, 4)
+    rows, cols, warps = rowblock.default_tile(as_rows)
+    return as_rows, rows, cols, warps or 4
 
 
 def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: str, arch: int):

@@ -90,12 +90,10 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
     rows3 = rows[:, None, None]
     cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[None, :, None] + tl.arange(0, BC)[None, None, :]
     inside3 = (rows3 < R) & (cols3 < C)
-    if AS_ROWS:  # the row stride (1: a column read) from an argument the compiler does not
-        # specialize: not seeing that the rows are contiguous, it lays the tile out as for a
-        # row read (`column_read_as_rows`), loading element by element
-        offsets = rows3 * row_stride + cols3 * sxc
-    else:
-        offsets = rows3 * sxr + cols3 * sxc
+    # AS_ROWS: the row stride (1: a column read) from an argument the compiler does not
+    # specialize; not seeing that the rows are contiguous, it lays the tile out as for a row
+    # read (`column_read_as_rows`), loading element by element
+    offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
     if X_BF16:  # bf16 bits widened by hand: exact for subnormals everywhere (Triton's
         # interpreter converts bf16 subnormals wrongly)
         xb = tl.load(x_ptr + offsets, mask=inside3, other=0)
@@ -284,6 +282,12 @@ def column_read_as_rows(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=
     return values and br == 1 and column_read and not (hadamard is not None and bc == 32)
 
 
+def default_tile(as_rows: bool) -> tuple[int, int, int | None]:
+    """(rows, columns, warps) of a 1 × bc-block tile: 16 × 128, or 16 × 256 at 8 warps for a
+    column read laid out as rows (v21); warps None: 8 from 64 × 128 elements up, else 4."""
+    return (16, 256, 8) if as_rows else (16, 128, None)
+
+
 def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None, *,
                        tile_r: int | None = None, tile_c: int | None = None, values: bool = False, hadamard=None,
                        num_warps: int | None = None, as_rows: bool | None = None):
@@ -297,8 +301,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     quantizing `hadamard.transform(X)` would.
     as_rows: lay a column read out as a row read (default: `column_read_as_rows`; the
     bits are the same either way).
-    tile_r, tile_c, num_warps: the tile one program quantizes and its warps; by default 16 ×
-    128 at 4 warps, 16 × 256 at 8 in the row layout of a column read.
+    tile_r, tile_c, num_warps: the tile one program quantizes and its warps (default:
+    `default_tile`; a square-block tile is one block row).
     """
     R, C = X.shape
     elem, (br, bc) = scheme.elem, scheme.block
@@ -315,9 +319,9 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     scales = torch.empty(-(-R // br), nb, dtype=torch.uint8 if scale_codes else torch.float32, device=X.device)
     if as_rows is None:
         as_rows = column_read_as_rows(X, scheme, values, hadamard)
-    tile_r = br if br > 1 else tile_r or 16  # a square-block tile is one block row
-    tile_c = tile_c or (256 if as_rows else 128)
-    num_warps = num_warps or (8 if as_rows else None)
+    rows, cols, warps = default_tile(as_rows)
+    tile_r = br if br > 1 else tile_r or rows  # a square-block tile is one block row
+    tile_c, num_warps = tile_c or cols, num_warps or warps
     s_dec = None
     tensor_amax = scales  # not read unless two-level
     if scheme.two_level:  # the tensor's amax (the kernel takes the tensor level from it, as
@@ -328,11 +332,10 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
             tensor_amax = torch.linalg.vector_norm(X, ord=float("inf")).float()
         else:  # the max over the transformed blocks, by the transform's own kernel
             bits = torch.zeros((), dtype=torch.int32, device=X.device)
-            at, ac, aw = (16, 256, 8) if as_rows else (16, 128, 4)  # a tile as the values kernel's
-            _hadamard_amax_kernel[(triton.cdiv(R, at), triton.cdiv(C, ac))](
+            _hadamard_amax_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))](
                 _bits(X), bits, R, C, X.stride(0), X.stride(1), X.stride(0), hadamard.signs_tensor(X.device),
-                hadamard.scale, BC=bc, TILE_R=at, TILE_C=ac, STAGES=bc.bit_length() - 1,
-                X_BF16=X.dtype == torch.bfloat16, AS_ROWS=as_rows, num_warps=aw)
+                hadamard.scale, BC=bc, TILE_R=tile_r, TILE_C=tile_c, STAGES=bc.bit_length() - 1,
+                X_BF16=X.dtype == torch.bfloat16, AS_ROWS=as_rows, num_warps=num_warps or 4)
             tensor_amax = bits.view(torch.float32)
         s_dec = torch.empty((), dtype=torch.float32, device=X.device)
     if X.numel() == 0:
