@@ -446,6 +446,69 @@ def test_cached_weight_is_reused_until_the_weight_changes(monkeypatch):
     assert weight_preps() == 4
 
 
+@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "mxfp8", "nvfp4"])
+def test_prepared_weights_enter_compiled_graphs_as_inputs_without_changing_a_bit(recipe):
+    """prepare_weight quantizes the fprop and dgrad weight operands once, in eager code; a
+    compiled graph takes them as inputs (one graph over steps whose weights change), and the
+    micro-batches of each step get the bits of eager mode without them."""
+    from torch._dynamo.utils import counters
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(fb.QuantizedLinear(64, 96, recipe=recipe), nn.GELU(),
+                             fb.QuantizedLinear(96, 32, recipe=recipe))
+
+    x = torch.randn(2, 16, 64)
+
+    def steps(model, forward, prepare):
+        seen = []
+        for _ in range(2):  # two optimizer steps of two micro-batches
+            layers = [m for m in model if isinstance(m, fb.QuantizedLinear) and prepare and m.prepare_weight()]
+            assert len(layers) == (2 if prepare else 0)
+            for micro in range(2):
+                xx = (x + micro).requires_grad_()
+                y = forward(xx)
+                y.square().sum().backward()
+                seen += [y.detach(), xx.grad]
+            for m in layers:
+                m.release_weight()
+            seen += [p.grad.clone() for p in model.parameters()]
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.sub_(0.01 * p.grad)
+                    p.grad = None
+        return seen
+
+    eager = make()
+    reference = steps(eager, eager, False)
+    model = make()
+    compiled = torch.compile(model, backend="aot_eager")
+    counters.clear()
+    got = steps(model, compiled, True)
+    assert all(torch.equal(a, b) for a, b in zip(reference, got)) and len(got) == len(reference)
+    assert counters["stats"]["unique_graphs"] == 1  # the new operands of step 2 recompiled nothing
+    # the graph multiplies the prepared operands, not the weight: a weight changed behind
+    # their back changes nothing compiled, and an eager forward refuses it
+    layer = model[0]
+    assert layer.prepare_weight()
+    before = compiled(x)
+    with torch.no_grad():
+        layer.weight.mul_(2)
+    assert torch.equal(compiled(x), before)
+    with pytest.raises(RuntimeError, match="changed after prepare_weight"):
+        model(x)
+    layer.release_weight()
+    assert not torch.equal(model(x), before)
+
+
+def test_prepare_weight_refuses_weights_that_are_not_reused():
+    """Delayed scaling (the amax history moves with every cast) and an unquantized weight
+    operand leave nothing to prepare."""
+    for recipe in ("fp8_delayed", "bf16"):
+        layer = fb.QuantizedLinear(64, 32, recipe=recipe)
+        assert not layer.prepare_weight() and layer._prepared == ()
+
+
 @pytest.mark.parametrize("recipe", ["fp8_tensorwise", "mxfp4", "nvfp4", "bf16"])
 def test_linears_reading_one_tensor_share_its_quantization(recipe, monkeypatch):
     """q/k/v (and gate/up) read one input: it is quantized once for the forward GEMMs and once

@@ -413,6 +413,34 @@ def test_gradient_accumulation_reuses_quantized_weights_without_changing_a_bit(c
     assert losses("a") == losses("b") and cached["final_val_loss"] == plain["final_val_loss"]
 
 
+def test_compiled_gradient_accumulation_prepares_each_weight_once_a_step(corpus, cache, tmp_path, monkeypatch):
+    """Compiled graphs do not look into the weight cache: under gradient accumulation the
+    trainer prepares every reusable weight once a step, before its micro-batches, and releases
+    it before the optimizer moves it — the same losses as without (compilation stubbed out:
+    tests/test_linear.py compiles the prepared operands)."""
+    import fewerbits.train.loop as loop
+
+    events = []
+    real_prepare, real_release = fb.QuantizedLinear.prepare_weight, fb.QuantizedLinear.release_weight
+    def prepare(m):  # noted where there is something to prepare
+        made = real_prepare(m)
+        events.extend(["p"] if made else [])
+        return made
+
+    monkeypatch.setattr(fb.QuantizedLinear, "prepare_weight", prepare)
+    monkeypatch.setattr(fb.QuantizedLinear, "release_weight", lambda m: events.append("r") or real_release(m))
+    monkeypatch.setattr(loop, "compile_model", lambda model, **kw: model)
+    kw = dict(recipe="fp8_tensorwise", steps=3, grad_accum=2, batch_size=2, eval_every=3, checkpoint_every=0)
+    prepared = train(config(corpus, cache, tmp_path, out=str(tmp_path / "a"), compile=True, **kw))
+    layers = events.count("p") // 3
+    assert layers > 0 and events == (["p"] * layers + ["r"] * layers) * 3  # each step: all, then all released
+    events.clear()
+    plain = train(config(corpus, cache, tmp_path, out=str(tmp_path / "b"), **kw))
+    assert events == []  # eager: the weight cache does it
+    losses = lambda run: [r.get("loss", r.get("val_loss")) for r in read_metrics(tmp_path / run)]  # noqa: E731
+    assert losses("a") == losses("b") and prepared["final_val_loss"] == plain["final_val_loss"]
+
+
 @torch.no_grad()
 def _adamw_reference(params, states, lr, b1, b2, eps, wd, state_dtype):
     """The single-tensor AdamW formula (the optimizer's definition), one parameter at a time."""

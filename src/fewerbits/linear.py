@@ -219,6 +219,10 @@ class _Config:
         self.save_quantized_input, self.state = save_quantized_input, state
         self.cache_weight = False
         self.weight_cache: dict = {}  # axis → (weight version, quantized weight)
+        # prepare_weight: the fprop and dgrad weight operands without their tensors (which enter
+        # the autograd function as inputs), and the weight's version when they were made
+        self.prepared: tuple | None = None
+        self.prepared_version = -1
 
     def weight_operand(self, weight, op: Operand, gemm: Gemm, axis: int, dtype, amax):
         """The weight prepared for one GEMM; with cache_weight, reused while the weight is
@@ -238,10 +242,21 @@ class _Config:
         return prepared
 
 
+def _prepared_operands(cfg: _Config, tensors: tuple) -> tuple:
+    """(fprop, dgrad) weight operands of `QuantizedLinear.prepare_weight` from their tensors
+    (data, scale, tensor scale of each), or (None, None) when none were prepared."""
+    if not tensors:
+        return None, None
+    return tuple(replace(q, data=d, scale=s, tensor_scale=ts)
+                 for q, (d, s, ts) in zip(cfg.prepared, (tensors[:3], tensors[3:])))
+
+
 class _QuantizedLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, cfg: _Config):
+    def forward(ctx, x, weight, bias, cfg: _Config, *prepared):
         recipe, state, dt = cfg.recipe, cfg.state, cfg.recipe.compute_dtype
+        w_fprop, w_dgrad = _prepared_operands(cfg, prepared)
+        ctx.prepared = len(prepared)
         x2 = x.reshape(-1, x.shape[-1])  # (M, K)
         # delayed scaling: the amaxes chosen after the previous step, kept for backward too
         amax_in = state.amax_for("input") if state is not None else None
@@ -254,7 +269,9 @@ class _QuantizedLinearFn(torch.autograd.Function):
         # ---- fprop: output = input @ weight_t ------------------------- (M, K) · (N, K)ᵀ
         fp = recipe.fprop
         a = SHARED_OPERANDS.prepare(x2, fp.a, fp, 1, dt, amax_in)
-        if recipe.weight_qat is not None:  # Q(W) is a new tensor each call: nothing to reuse
+        if w_fprop is not None:  # prepared before this (compiled) graph: an input
+            b = w_fprop
+        elif recipe.weight_qat is not None:  # Q(W) is a new tensor each call: nothing to reuse
             b = _prepare(weight, fp.b, fp, 1, dt, amax_w)
         else:
             b = cfg.weight_operand(weight, fp.b, fp, 1, dt, amax_w)
@@ -281,8 +298,11 @@ class _QuantizedLinearFn(torch.autograd.Function):
         # In a compiled graph, dgrad's column-wise weight takes the forward's one scale (the
         # weight is unchanged, so its amax is too) instead of reading the fp32 weight again for
         # its amax; eagerly the fused kernels make it, or the weight cache keeps it.
-        ctx.weight_q = None
-        if (torch.compiler.is_compiling() and recipe.weight_qat is None and isinstance(b, QuantizedTensor)
+        ctx.weight_q = ctx.w_dgrad = None
+        if w_dgrad is not None:  # prepared: its tensors saved last
+            ctx.w_dgrad = cfg.prepared[1]
+            saved += [w_dgrad.data, w_dgrad.scale, w_dgrad.tensor_scale]
+        elif (torch.compiler.is_compiling() and recipe.weight_qat is None and isinstance(b, QuantizedTensor)
                 and b.scheme.scale_fmt.bits > 8 and _transposable(fp.b, fp, dg.b, dg)):
             ctx.weight_q = replace(b, data=None, scale=None)
             saved.append(b.scale)
@@ -305,7 +325,10 @@ class _QuantizedLinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dg = recipe.dgrad
             a = g_rows = _prepare(g2, dg.a, dg, 1, dt, amax_g)
-            if ctx.weight_q is not None:  # the forward's scale, the weight's codes along N
+            if ctx.w_dgrad is not None:  # prepared with the fprop operand
+                data, scale, tensor_scale = ctx.saved_tensors[-3:]
+                b = replace(ctx.w_dgrad, data=data, scale=scale, tensor_scale=tensor_scale)
+            elif ctx.weight_q is not None:  # the forward's scale, the weight's codes along N
                 b = requantize(weight, replace(ctx.weight_q, scale=ctx.saved_tensors[-1]), axis=0)
             elif recipe.weight_qat is not None:  # column-wise: along N
                 b = _prepare(weight, dg.b, dg, 0, dt, ctx.amax_w)
@@ -334,7 +357,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
             state.record("grad_output", g2)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = g2.float().sum(0)
-        return grad_input, grad_weight, grad_bias, None
+        return grad_input, grad_weight, grad_bias, None, *([None] * ctx.prepared)
 
 
 class QuantizedLinear(nn.Linear):
@@ -384,6 +407,7 @@ class QuantizedLinear(nn.Linear):
             state = DelayedScalingState(self.recipe.delayed, self.recipe)
             self.delayed_scaling = state.to(self.weight.device)
         self._config = _Config(self.recipe, native, save_quantized_input, self.delayed_scaling)
+        self._prepared: tuple = ()  # prepare_weight: the operands' tensors, inputs of the autograd function
 
     @property
     def cache_weight(self) -> bool:
@@ -400,10 +424,40 @@ class QuantizedLinear(nn.Linear):
         if not on:
             self._config.weight_cache.clear()
 
+    def prepare_weight(self) -> bool:
+        """Quantize the weight's fprop and dgrad operands now, for every forward and backward
+        until `release_weight`: in compiled graphs too, which take them as inputs instead of
+        quantizing the weight again — so the micro-batches of one optimizer step share them
+        under gradient accumulation (eager code has `cache_weight` for that). Only where the
+        recipe reuses a weight operand (both quantized, rounded to nearest, no delayed-scaling
+        amax, no QAT); returns whether it prepared them. The weight must not change before
+        `release_weight`: an eager forward checks its version, a compiled graph cannot."""
+        r, cfg = self.recipe, self._config
+        ops = ((r.fprop.b, r.fprop, 1), (r.dgrad.b, r.dgrad, 0))
+        if (r.weight_qat is not None or self.delayed_scaling is not None
+                or any(op.scheme is None or op.rounding != "nearest" for op, _, _ in ops)):
+            return False
+        with torch.no_grad():
+            made = [_prepare(self.weight, op, gemm, axis, r.compute_dtype, None, True) for op, gemm, axis in ops]
+        shells = tuple(replace(q, data=None, scale=None, tensor_scale=None) for q in made)
+        if cfg.prepared != shells:  # kept when equal: a compiled graph guards on this object
+            cfg.prepared = shells
+        cfg.prepared_version = self.weight._version
+        self._prepared = tuple(t for q in made for t in (q.data, q.scale, q.tensor_scale))
+        return True
+
+    def release_weight(self) -> None:
+        """Drop the operands of `prepare_weight` (forwards quantize the weight again)."""
+        self._prepared = ()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.delayed_scaling is not None:
             self.delayed_scaling.recording = self.training and torch.is_grad_enabled()
-        return _QuantizedLinearFn.apply(x, self.weight, self.bias, self._config)
+        prepared = self._prepared
+        if prepared and not torch.compiler.is_compiling() and self.weight._version != self._config.prepared_version:
+            raise RuntimeError("the weight changed after prepare_weight(); call release_weight() before "
+                               "changing it, or prepare_weight() again")
+        return _QuantizedLinearFn.apply(x, self.weight, self.bias, self._config, *prepared)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}"

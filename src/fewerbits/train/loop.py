@@ -154,6 +154,12 @@ def set_weight_cache(model: nn.Module, on: bool) -> list:
     return list(zip(layers, before))
 
 
+def prepare_weights(model: nn.Module) -> list:
+    """QuantizedLinear.prepare_weight on every layer whose recipe reuses its weight operands;
+    returns those layers (each to be released before its weight changes)."""
+    return [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.prepare_weight()]
+
+
 @torch.no_grad()
 def evaluate(model, windows, batch_size: int, device) -> float:
     """Mean cross-entropy over fixed validation windows (no state is updated); the quantized
@@ -238,7 +244,8 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     if cfg.grad_accum > 1:  # the micro-batches of a step share each quantized weight
         set_weight_cache(model, True)
-    step_model = compile_model(model, blocks=cfg.compile_blocks) if cfg.compile or cfg.compile_blocks else model
+    compiled = cfg.compile or cfg.compile_blocks
+    step_model = compile_model(model, blocks=cfg.compile_blocks) if compiled else model
     windows = eval_windows(data.val, cfg.eval_windows, cfg.seq_len)
     params = [p for p in model.parameters() if p.requires_grad]
     progress = Progress(cfg.steps, f"{recipe.name} ", cfg.progress)
@@ -260,6 +267,9 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
             for group in opt.param_groups:
                 group["lr"] = lr
             loss_value = 0.0
+            # compiled graphs do not look into the weight cache: they take the step's quantized
+            # weights as inputs, made here once for all its micro-batches
+            prepared = prepare_weights(model) if compiled and cfg.grad_accum > 1 else []
             for micro in range(cfg.grad_accum):
                 x, y = (t.to(device) for t in batch(data.train, cfg.batch_size, cfg.seq_len, cfg.seed, step, micro))
                 # the logits have no name here: once the loss is computed, only what its
@@ -269,6 +279,8 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
                 total = loss + cfg.moe_aux_coef * aux if aux is not None else loss
                 (total * (scaler.scale / cfg.grad_accum)).backward()
                 loss_value += loss.item() / cfg.grad_accum
+            for layer in prepared:  # before the optimizer changes the weights
+                layer.release_weight()
 
             if scaler.scale != 1.0:  # (no list of the gradients outlives this line: it
                 # would keep them alive through the next step's forward and backward)
