@@ -256,7 +256,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
     def forward(ctx, x, weight, bias, cfg: _Config, *prepared):
         recipe, state, dt = cfg.recipe, cfg.state, cfg.recipe.compute_dtype
         w_fprop, w_dgrad = _prepared_operands(cfg, prepared)
-        ctx.prepared = len(prepared)
+        ctx.n_prepared = len(prepared)
         x2 = x.reshape(-1, x.shape[-1])  # (M, K)
         # delayed scaling: the amaxes chosen after the previous step, kept for backward too
         amax_in = state.amax_for("input") if state is not None else None
@@ -357,7 +357,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
             state.record("grad_output", g2)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = g2.float().sum(0)
-        return grad_input, grad_weight, grad_bias, None, *([None] * ctx.prepared)
+        return grad_input, grad_weight, grad_bias, None, *([None] * ctx.n_prepared)
 
 
 class QuantizedLinear(nn.Linear):
