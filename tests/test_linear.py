@@ -166,6 +166,33 @@ def test_hadamard_transform_traced_builds_no_constant_from_a_list():
     torch._dynamo.reset()
 
 
+def test_graphs_compiled_again_for_a_transform_of_another_size_train():
+    """nvfp4 (a 16-point transform of the weight-gradient operands) compiled, then mxfp4 (32)
+    through the same code: the recompiled graph's backward holds the other size and factor as
+    constants (torch.compile turns a number attribute that changed into a symbolic one, which
+    its autograd-function backward could not carry), and both give eager mode's gradients."""
+
+    class Two(nn.Module):  # a forward of its own: no other test's graphs in its cache
+        def __init__(self, recipe):
+            super().__init__()
+            self.a, self.b = fb.QuantizedLinear(64, 96, recipe=recipe), fb.QuantizedLinear(96, 32, recipe=recipe)
+
+        def forward(self, x):
+            return self.b(torch.nn.functional.gelu(self.a(x)))
+
+    torch._dynamo.reset()
+    x = torch.randn(2, 16, 64)
+    for recipe in ("nvfp4", "mxfp4"):
+        grads = []
+        for compiled in (False, True):
+            torch.manual_seed(0)
+            model = Two(recipe)
+            xx = x.clone().requires_grad_()
+            (torch.compile(model, backend="aot_eager") if compiled else model)(xx).square().sum().backward()
+            grads.append([xx.grad] + [p.grad for p in model.parameters()])
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), recipe
+
+
 def test_hadamard_raises_mxfp4_weight_gradient_sqnr_on_outliers():
     g, x = heavy_tailed(1024, 256, 0), heavy_tailed(1024, 256, 1)
     naive = fb.get_recipe("mxfp4_naive")

@@ -46,10 +46,9 @@ class Hadamard:
             if len(signs) != self.size or any(s not in (-1, 1) for s in signs):
                 raise ValueError(f"signs must be {self.size} values of +1 or -1")
             object.__setattr__(self, "signs", signs)
-        # D, Q and 1/√h, built once here: nothing is drawn or cached while a graph is being traced
+        # D and Q, built once here (1/√h: _SCALES): nothing is drawn or cached while a graph is traced
         object.__setattr__(self, "_d", self.signs if self.signs is not None else _draw_signs(self.size, self.seed))
         object.__setattr__(self, "_q", _matrix(self.size, self._d))
-        object.__setattr__(self, "_scale", float(torch.tensor(1.0 / math.sqrt(self.size), dtype=torch.float32)))
 
     def sign_vector(self) -> tuple[int, ...]:
         """D's diagonal: the explicit signs, or the ones this seed draws."""
@@ -65,16 +64,17 @@ class Hadamard:
     @property
     def scale(self) -> float:
         """fp32(1/√h), the butterfly's last factor."""
-        return self._scale
+        return _SCALES[len(self._d)]  # a constant in a traced graph (see transform)
 
     def signs_tensor(self, device=None) -> torch.Tensor:
         """D's diagonal as float32 ±1 on `device`. In a graph being traced it is computed on the
         device from the signs' bits: a constant built from a list is copied from the host on
         every call of the compiled graph, and that copy waits for the whole stream."""
         if torch.compiler.is_compiling():
-            i = torch.arange(self.size, device=device)
+            h = len(self._d)  # the size as a constant of the graph (see transform)
+            i = torch.arange(h, device=device)
             word = torch.zeros_like(i)
-            for j in range(0, self.size, 32):  # 32 signs a word: bit k set where sign j + k is −1
+            for j in range(0, h, 32):  # 32 signs a word: bit k set where sign j + k is −1
                 mask = sum(1 << k for k, sign in enumerate(self._d[j:j + 32]) if sign < 0)
                 word = torch.where(i // 32 == j // 32, mask, word)
             return (1 - 2 * ((word >> (i % 32)) & 1)).to(torch.float32)
@@ -86,10 +86,14 @@ class Hadamard:
         the butterfly in the module docstring."""
         dim = dim % x.dim()
         x = x.float().movedim(dim, -1)
-        pad = -x.shape[-1] % self.size
+        # the size from the sign vector's length and the factor from a table, not from
+        # attributes: compiling a graph again for a transform of another size, torch.compile
+        # (2.13) turns a number attribute that changed into a symbolic one, which it then
+        # cannot carry into an autograd function's backward
+        h = len(self._d)
+        pad = -x.shape[-1] % h
         if pad:
             x = torch.nn.functional.pad(x, (0, pad))
-        h = self.size
         lead = x.shape[:-1]
         y = x.reshape(*lead, x.shape[-1] // h, h) * self.signs_tensor(x.device)
         s = 1
@@ -99,6 +103,9 @@ class Hadamard:
             s *= 2
         out = y.reshape(x.shape) * self.scale
         return out.movedim(-1, dim)
+
+
+_SCALES = {h: float(torch.tensor(1.0 / math.sqrt(h), dtype=torch.float32)) for h in (2, 4, 8, 16, 32, 64, 128, 256)}
 
 
 def _draw_signs(size: int, seed: int) -> tuple[int, ...]:
