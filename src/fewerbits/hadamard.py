@@ -39,7 +39,7 @@ class Hadamard:
     signs: tuple[int, ...] | None = None  #: an explicit sign vector of length `size`
 
     def __post_init__(self):
-        if self.size not in (2, 4, 8, 16, 32, 64, 128, 256):
+        if self.size not in _SCALES:
             raise ValueError(f"Hadamard size must be a power of two up to 256, got {self.size}")
         if self.signs is not None:
             signs = tuple(int(s) for s in self.signs)

@@ -220,9 +220,8 @@ class _Config:
         self.cache_weight = False
         self.weight_cache: dict = {}  # axis → (weight version, quantized weight)
         # prepare_weight: the fprop and dgrad weight operands without their tensors (which enter
-        # the autograd function as inputs), and the weight's version when they were made
+        # the autograd function as inputs)
         self.prepared: tuple | None = None
-        self.prepared_version = -1
 
     def weight_operand(self, weight, op: Operand, gemm: Gemm, axis: int, dtype, amax):
         """The weight prepared for one GEMM; with cache_weight, reused while the weight is
@@ -408,6 +407,7 @@ class QuantizedLinear(nn.Linear):
             self.delayed_scaling = state.to(self.weight.device)
         self._config = _Config(self.recipe, native, save_quantized_input, self.delayed_scaling)
         self._prepared: tuple = ()  # prepare_weight: the operands' tensors, inputs of the autograd function
+        self._prepared_version = -1  # and the weight's version when they were made
 
     @property
     def cache_weight(self) -> bool:
@@ -442,7 +442,7 @@ class QuantizedLinear(nn.Linear):
         shells = tuple(replace(q, data=None, scale=None, tensor_scale=None) for q in made)
         if cfg.prepared != shells:  # kept when equal: a compiled graph guards on this object
             cfg.prepared = shells
-        cfg.prepared_version = self.weight._version
+        self._prepared_version = self.weight._version
         self._prepared = tuple(t for q in made for t in (q.data, q.scale, q.tensor_scale))
         return True
 
@@ -454,7 +454,7 @@ class QuantizedLinear(nn.Linear):
         if self.delayed_scaling is not None:
             self.delayed_scaling.recording = self.training and torch.is_grad_enabled()
         prepared = self._prepared
-        if prepared and not torch.compiler.is_compiling() and self.weight._version != self._config.prepared_version:
+        if prepared and not torch.compiler.is_compiling() and self.weight._version != self._prepared_version:
             raise RuntimeError("the weight changed after prepare_weight(); call release_weight() before "
                                "changing it, or prepare_weight() again")
         return _QuantizedLinearFn.apply(x, self.weight, self.bias, self._config, *prepared)

@@ -44,6 +44,7 @@ after a clamp that makes it saturate (`native_fp8_codes`, the same bits).
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -140,9 +141,7 @@ def noise_bits(seed: torch.Tensor, shape) -> torch.Tensor:
     """The noise of `seed` (from `draw_seed`) for a tensor of `shape`: int32 on [0, 2^24), element
     i in row-major order the top 24 bits of mix32(mix32(i mod 2^32) ^ seed)."""
     shape = tuple(shape)
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     if n < 1 << 31:
         i = torch.arange(n, device=seed.device, dtype=torch.int32)
     else:  # i mod 2^32, as an int32

@@ -267,8 +267,8 @@ def hadamard_fusable(scheme: Scheme, hadamard, C: int) -> bool:
 
 def column_read_as_rows(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None) -> bool:
     """Whether the kernel lays out a column read of X — a transposed view: every weight-gradient
-    operand, and the weight of dgrad — as it lays out a row read: a 32-element block's elements
-    along lanes, 8 consecutive ones a thread, loaded one by one; otherwise a thread holds
+    operand, and the weight of dgrad — as it lays out a row read: a block's elements along
+    lanes, 8 consecutive ones a thread, loaded one by one; otherwise a thread holds
     consecutive rows (the direction contiguous in memory, loaded 16 bytes at a time), and each
     block's reductions and scale arithmetic run across lanes and warps. Chosen by timing on
     the H200 (docs/kernels-notes.md, v21): the row layout for the values of 1 × bc blocks read
