@@ -178,8 +178,19 @@ def test_tiled_transpose_equals_torch(shape):
     for t in (x, x.t()):  # contiguous and strided sources
         assert torch.equal(transpose(t), t.t().contiguous())
     assert torch.equal(transpose(x.view(torch.float8_e4m3fn)).view(torch.uint8), x.t().contiguous())
-    with pytest.raises(ValueError, match="one-byte elements"):
-        transpose(torch.zeros(4, 4, device=DEVICE))
+    # two- and four-byte elements move as their bits: bf16 and fp32 with NaN payloads, -0, inf
+    w = torch.randint(-2**31, 2**31 - 1, shape, dtype=torch.int32, generator=torch.Generator().manual_seed(1))
+    w = w.to(DEVICE)
+    for t in (w, w.view(torch.float32), w[:, : shape[1] // 2 * 2].contiguous().view(torch.bfloat16)):
+        for s in (t, t.t()):
+            y = transpose(s)
+            assert y.dtype == s.dtype and y.shape == (s.shape[1], s.shape[0])
+            as_int = torch.int16 if s.element_size() == 2 else torch.int32
+            assert torch.equal(y.view(as_int), s.t().contiguous().view(as_int))
+    with pytest.raises(ValueError, match="one-, two- or four-byte real elements"):
+        transpose(torch.zeros(4, 4, dtype=torch.float64, device=DEVICE))
+    with pytest.raises(ValueError, match="2-D"):
+        transpose(torch.zeros(4, device=DEVICE))
 
 
 @pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4", "mxfp6_e3m2", "nvfp4", "nvfp4_16x16", "mxfp8_e5m2"])
@@ -205,10 +216,11 @@ def test_values_without_codes_equal_dequantized_codes(name, rounding):
 
 
 @pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
-def test_a_column_read_gives_the_reference_values_in_either_layout(name):
+def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeypatch):
     """A column read (a transposed view: the weight-gradient operands) gives the reference's
     values whether the kernel lays the tile out in the memory's order or as a row read
-    (`rowblock.column_read_as_rows`, which takes its row stride unspecialized): nearest and
+    (`rowblock.column_read_as_rows`, which takes its row stride unspecialized), or reads a
+    row-major copy by the tiled transpose (`column_read_transposed_first`): nearest and
     stochastic rounding, with and without the recipes' Hadamard transforms, fp32 and bf16 input,
     NaN/inf/zero/subnormal blocks, rows that do not fill a tile."""
     from fewerbits.kernels import rowblock
@@ -226,15 +238,32 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name):
                 seed = draw_seed(X.device, gen()) if rounding == "stochastic" else None
                 q = fb.quantize(X if h is None else h.transform(X, dim=-1), scheme, rounding=rounding, generator=gen())
                 ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
-                for as_rows in (False, True):
+                for as_rows, first in ((False, False), (True, False), (None, True)):
                     values, _, ts = rowblock.quantize_rowblocks(X, scheme, seed, values=True, hadamard=h,
-                                                                as_rows=as_rows)
-                    assert same_values(values, ref), (t.dtype, rounding, h is not None, as_rows)
+                                                                as_rows=as_rows, transpose_first=first)
+                    assert same_values(values, ref), (t.dtype, rounding, h is not None, as_rows, first)
                     assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)
-    # the choice: the row layout for 1 × bc values read along columns, but not under a 32-point transform
+    # the choice: the row layout for 1 × bc values read along columns, but not under a 32-point
+    # transform, whose column reads are copied to rows first
     assert rowblock.column_read_as_rows(x.t(), scheme, True) and not rowblock.column_read_as_rows(x, scheme, True)
     assert not rowblock.column_read_as_rows(x.t(), scheme, False)
     assert rowblock.column_read_as_rows(x.t(), scheme, True, fb.Hadamard(16)) == (scheme.block[1] == 16)
+    h32 = fb.Hadamard(32)
+    assert rowblock.column_read_transposed_first(x.t(), scheme, True, h32) == (scheme.block[1] == 32)
+    assert not rowblock.column_read_transposed_first(x, scheme, True, h32)
+    assert not rowblock.column_read_transposed_first(x.t(), scheme, False, h32)
+    assert not rowblock.column_read_transposed_first(x.t(), scheme, True)
+    from fewerbits.kernels import transpose
+
+    real, calls = transpose.transpose, []
+    monkeypatch.setattr(transpose, "transpose", lambda t: calls.append(t.shape) or real(t))
+    X = x.t()
+    h = fb.Hadamard(scheme.block[1], seed=2) if name != "mxfp8_e4m3" else None
+    values, _, _ = rowblock.quantize_rowblocks(X, scheme, None, values=True, hadamard=h)  # the default
+    assert calls == ([(64, 45)] if name == "mxfp4" else [])
+    ref = fb.quantize(X if h is None else h.transform(X, dim=-1), scheme).dequantize_matrix(torch.bfloat16,
+                                                                                          tensor_scale=False)
+    assert same_values(values, ref)
 
 
 def same_values(values, ref) -> bool:

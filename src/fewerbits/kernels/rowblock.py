@@ -276,10 +276,22 @@ def column_read_as_rows(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=
     NVFP4's transformed gradient 2.0–2.1 → 1.1–1.5 ms, and with NVFP4's tensor-amax pass of the
     transform laid out the same way, its two passes 1.44 → 0.60 ms), except where the kernel
     applies a 32-point Hadamard transform (mxfp4's weight gradients), which it made slower
-    (1.40 → 1.94 ms)."""
+    (1.40 → 1.94 ms): those are copied to rows first (`column_read_transposed_first`)."""
     br, bc = scheme.block
     column_read = X.dim() == 2 and X.stride(0) == 1 and X.stride(1) != 1
     return values and br == 1 and column_read and not (hadamard is not None and bc == 32)
+
+
+def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None) -> bool:
+    """Whether the kernel reads a row-major copy of a column read of X instead of X itself: the
+    values of 1 × bc blocks under a Hadamard transform of 32 points (mxfp4's weight-gradient
+    operands), the one column read that neither layout of the kernel (`column_read_as_rows`)
+    takes near the speed of a row read. The copy is made by the tiled transpose kernel
+    (kernels/transpose.py) and freed when the kernel is done; timings in docs/kernels-notes.md
+    (v22)."""
+    br, bc = scheme.block
+    column_read = X.dim() == 2 and X.stride(0) == 1 and X.stride(1) != 1
+    return values and br == 1 and column_read and hadamard is not None and bc == 32
 
 
 def default_tile(as_rows: bool) -> tuple[int, int, int | None]:
@@ -290,7 +302,8 @@ def default_tile(as_rows: bool) -> tuple[int, int, int | None]:
 
 def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None, *,
                        tile_r: int | None = None, tile_c: int | None = None, values: bool = False, hadamard=None,
-                       num_warps: int | None = None, as_rows: bool | None = None):
+                       num_warps: int | None = None, as_rows: bool | None = None,
+                       transpose_first: bool | None = None):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Scales are stored as QuantizedTensor stores them: uint8 codes for E8M0 / E4M3, else fp32.
@@ -301,6 +314,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     quantizing `hadamard.transform(X)` would.
     as_rows: lay a column read out as a row read (default: `column_read_as_rows`; the
     bits are the same either way).
+    transpose_first: read a row-major copy of X made by the tiled transpose kernel (default:
+    `column_read_transposed_first`; the same bits again).
     tile_r, tile_c, num_warps: the tile one program quantizes and its warps (default:
     `default_tile`; a square-block tile is one block row).
     """
@@ -309,6 +324,12 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     if hadamard is not None and not hadamard_fusable(scheme, hadamard, C):
         raise ValueError(f"a Hadamard transform of size {hadamard.size} cannot be fused into {scheme.name} "
                          f"blocks of {br}x{bc} over {C} columns")
+    if transpose_first is None:
+        transpose_first = column_read_transposed_first(X, scheme, values, hadamard)
+    if transpose_first and X.numel():
+        from .transpose import transpose
+
+        X = transpose(X.t())  # X.contiguous(), by tiles
     pack = elem.bits == 4 and not values
     nb = -(-C // bc)
     if values:
