@@ -166,7 +166,9 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
             k = vfield - 127 + bump.to(tl.int32)
         k = tl.minimum(tl.maximum(k, KMIN), KMAX)
         scale = _pow2(k)
-        factor = scale
+        # 1 / 2^k, once a block: exact (2^−127 included, a subnormal), so the elements' product
+        # by it below is their quotient by the scale, correctly rounded
+        factor = tl.div_rn(1.0, scale)
         code = tl.where(finite, k + 127, 0xFF)  # the E8M0 code
     scale = tl.where(finite, scale, float("nan"))
     factor = tl.where(finite, factor, float("nan"))
@@ -189,11 +191,12 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
 
     # ---- elements --------------------------------------------------------------------------
     f = factor[:, :, None]
-    if RULE != 5:  # the quotient, for power-of-two scales too: x · 2^−k should give the same
-        # number, but on the H200 it gave other mxfp4 codes under the rceil, ceil and even rules
-        # (tests/test_kernels.py; the cause was not found), so the division stays
+    if RULE == 0:  # an fp32 scale: the correctly rounded quotient
         v = tl.div_rn(x, f)
-    else:  # NVFP4's enc: the product
+    else:  # the product: by NVFP4's enc, or by 2^−k, a power of two's exact reciprocal. (v is
+        # not added to before it is rounded, so no fma can take in the product. 2^−k made
+        # from −k by integer arithmetic instead of this division gave wrong E8M0 codes on the
+        # H200 for the first block of a tile: docs/kernels-notes.md, v22)
         v = x * f
     v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
     if VALUES:  # the dequantized values instead of the codes: code value × block scale, to bf16
