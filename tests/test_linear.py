@@ -1,5 +1,6 @@
 """QuantizedLinear and the recipes on CPU: accuracy floors, stabilisers, state, memory."""
 
+import collections
 import dataclasses
 import math
 
@@ -651,3 +652,59 @@ def test_emulated_gemms_multiply_values_made_without_codes(recipe, monkeypatch):
             assert torch.equal(out_a, out_b) and all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
     finally:
         kernels.set_backend("auto")
+
+
+def test_square_block_weights_are_quantized_once_for_both_gemms(monkeypatch):
+    """NVFP4's 16x16-block weights: the input-gradient GEMM multiplies the forward's values
+    transposed instead of quantizing the weight again — the same bits (a square block read
+    either way is the same block, with the same amax, scale and tensor amax; edges that do not
+    fill a block too), one quantization fewer per Linear, and the bf16 values kept for
+    backward. (Triton's interpreter on a CPU: a small model.)"""
+    import fewerbits.linear as L
+    from fewerbits import kernels
+
+    nv = fb.get_recipe("nvfp4")
+    assert L._square_transposable(nv.fprop.b, nv.fprop, nv.dgrad.b, nv.dgrad)
+    mx = fb.get_recipe("mxfp4")
+    assert not L._square_transposable(mx.fprop.b, mx.fprop, mx.dgrad.b, mx.dgrad)  # 1 x 32 blocks
+    hadamard = dataclasses.replace(nv.dgrad, hadamard=fb.Hadamard(16))
+    assert not L._square_transposable(nv.fprop.b, nv.fprop, nv.dgrad.b, hadamard)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    made = []
+    real = kernels.quantized_values
+    monkeypatch.setattr(kernels, "quantized_values", lambda *a, **k: (made.append(1), real(*a, **k))[1])
+    x = torch.randn(40, 70, generator=torch.Generator().manual_seed(3)).to(device)
+
+    def run():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(70, 50), nn.GELU(), nn.Linear(50, 36)).to(device)
+        fb.convert(model, "nvfp4", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
+        torch.manual_seed(1)  # the same stochastic-rounding draws in both runs
+        xr = x.clone().requires_grad_()
+        made.clear()
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: (saved.append((t.dtype, tuple(t.shape))), t)[1],
+                                                      lambda t: t):
+            out = model(xr)
+        out.float().square().sum().backward()
+        return out, [xr.grad] + [p.grad for p in model.parameters()], len(made), saved
+
+    kernels.set_backend("triton")
+    try:
+        w = torch.randn(50, 70, generator=torch.Generator().manual_seed(4)).to(device)
+        rows, ts_rows = kernels.quantized_values(w, "nvfp4_16x16", axis=1)
+        cols, ts_cols = kernels.quantized_values(w, "nvfp4_16x16", axis=0)
+        assert torch.equal(cols.view(torch.int16), rows.t().view(torch.int16)) and torch.equal(ts_rows, ts_cols)
+        out_a, grads_a, n_a, saved_a = run()
+        with monkeypatch.context() as m:
+            m.setattr(L, "_square_transposable", lambda *a: False)
+            out_b, grads_b, n_b, saved_b = run()
+    finally:
+        kernels.set_backend("auto")
+    assert torch.equal(out_a, out_b) and all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
+    assert n_b - n_a == 2  # dgrad's weight, in each Linear
+    held = collections.Counter(saved_a)
+    held.subtract(saved_b)
+    assert +held == collections.Counter([(torch.bfloat16, (50, 70)), (torch.bfloat16, (36, 50))]
+                                        + [(torch.float32, ())] * 2)  # and the tensor scales

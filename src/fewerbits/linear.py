@@ -136,6 +136,16 @@ def _transposable(p: Operand, p_gemm: Gemm, q: Operand, q_gemm: Gemm) -> bool:
             and p.rounding == q.rounding == "nearest" and p_gemm.hadamard is None and q_gemm.hadamard is None)
 
 
+def _square_transposable(p: Operand, p_gemm: Gemm, q: Operand, q_gemm: Gemm) -> bool:
+    """Whether operand q's values (column-wise) are operand p's values transposed: the same
+    scheme with square blocks (a block read either way is the same block: the same amax, scale
+    and tensor amax), rounding to nearest, no Hadamard transform on either GEMM (and, the
+    callers' part, no amax override)."""
+    s = p.scheme
+    return (s is not None and s == q.scheme and s.block[0] == s.block[1] > 1
+            and p.rounding == q.rounding == "nearest" and p_gemm.hadamard is None and q_gemm.hadamard is None)
+
+
 def _transpose(q: QuantizedTensor) -> QuantizedTensor:
     """A one-scale 2-D QuantizedTensor quantized along its other axis: the codes transposed
     (by a tiled Triton copy where the kernel backend says so, in compiled graphs too)."""
@@ -297,10 +307,17 @@ class _QuantizedLinearFn(torch.autograd.Function):
         # In a compiled graph, dgrad's column-wise weight takes the forward's one scale (the
         # weight is unchanged, so its amax is too) instead of reading the fp32 weight again for
         # its amax; eagerly the fused kernels make it, or the weight cache keeps it.
-        ctx.weight_q = ctx.w_dgrad = None
+        ctx.weight_q = ctx.w_dgrad = ctx.w_values = None
         if w_dgrad is not None:  # prepared: its tensors saved last
             ctx.w_dgrad = cfg.prepared[1]
             saved += [w_dgrad.data, w_dgrad.scale, w_dgrad.tensor_scale]
+        elif (isinstance(b, _Values) and amax_w is None and recipe.weight_qat is None
+                and _square_transposable(fp.b, fp, dg.b, dg)):
+            # square blocks (NVFP4's 16x16 weights): dgrad multiplies these values transposed
+            # instead of quantizing the weight again (held as bf16 autocast holds its weight
+            # copies for backward)
+            ctx.w_values = b.tensor_scale is not None  # whether a tensor scale is saved after them
+            saved += [b.matrix] + ([b.tensor_scale] if ctx.w_values else [])
         elif (torch.compiler.is_compiling() and recipe.weight_qat is None and isinstance(b, QuantizedTensor)
                 and b.scheme.scale_fmt.bits > 8 and _transposable(fp.b, fp, dg.b, dg)):
             ctx.weight_q = replace(b, data=None, scale=None)
@@ -327,6 +344,9 @@ class _QuantizedLinearFn(torch.autograd.Function):
             if ctx.w_dgrad is not None:  # prepared with the fprop operand
                 data, scale, tensor_scale = ctx.saved_tensors[-3:]
                 b = replace(ctx.w_dgrad, data=data, scale=scale, tensor_scale=tensor_scale)
+            elif ctx.w_values is not None:  # the forward's square-block values, transposed
+                values = ctx.saved_tensors[-2 if ctx.w_values else -1]
+                b = _Values(values.t(), ctx.saved_tensors[-1] if ctx.w_values else None)
             elif ctx.weight_q is not None:  # the forward's scale, the weight's codes along N
                 b = requantize(weight, replace(ctx.weight_q, scale=ctx.saved_tensors[-1]), axis=0)
             elif recipe.weight_qat is not None:  # column-wise: along N
