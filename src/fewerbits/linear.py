@@ -314,8 +314,8 @@ class _QuantizedLinearFn(torch.autograd.Function):
         elif (isinstance(b, _Values) and amax_w is None and recipe.weight_qat is None
                 and _square_transposable(fp.b, fp, dg.b, dg)):
             # square blocks (NVFP4's 16x16 weights): dgrad multiplies these values transposed
-            # instead of quantizing the weight again (held as bf16 autocast holds its weight
-            # copies for backward)
+            # instead of reading the fp32 weight twice more (amax, values); they hold 2 bytes a
+            # weight from the forward to the backward (memory.py counts them)
             ctx.w_values = b.tensor_scale is not None  # whether a tensor scale is saved after them
             saved += [b.matrix] + ([b.tensor_scale] if ctx.w_values else [])
         elif (torch.compiler.is_compiling() and recipe.weight_qat is None and isinstance(b, QuantizedTensor)

@@ -34,7 +34,9 @@ d model width, f MLP width, H query heads, c bytes of the compute dtype:
 A Linear saves its compute-dtype input (quantization happens on the fly) — except under
 per-tensor FP8, where it saves the input's forward codes (1 byte per element and a 4-byte
 scale), and with `save_quantized_input`, where it saves the column-wise quantized copy (codes
-and block scales). Data parallelism shards states (ZeRO-1), plus gradients (ZeRO-2), plus
+and block scales). Under NVFP4 (16x16-block weights, emulated on bf16 values on a GPU) a Linear
+also keeps its weight's forward values (2 bytes per weight and a 4-byte tensor scale) for the
+input-gradient GEMM, which multiplies them transposed instead of quantizing the weight again. Data parallelism shards states (ZeRO-1), plus gradients (ZeRO-2), plus
 master weights (ZeRO-3 / FSDP); tensor parallelism splits the block and vocabulary matrices and
 the activations inside attention and the MLP (Megatron style, no sequence parallelism).
 Mixture-of-experts activations assume even routing.
@@ -322,6 +324,19 @@ def _saves_codes(recipe: Recipe) -> bool:
     return _transposable(fp.a, fp, wg.b, wg)
 
 
+def _saves_weight_values(recipe: Recipe) -> bool:
+    """Whether the recipe's Linears keep their weight's forward values (bf16) for the input-
+    gradient GEMM (linear.py: square blocks read either way, multiplied as values the Triton
+    kernel makes — NVFP4's 16x16 weights on a GPU)."""
+    from .gemm import emulated_in_bf16
+    from .linear import _square_transposable
+
+    fp, dg = recipe.fprop, recipe.dgrad
+    return (recipe.delayed is None and recipe.weight_qat is None and fp.a.scheme is not None
+            and _square_transposable(fp.b, fp, dg.b, dg)
+            and emulated_in_bf16(get_scheme(fp.a.scheme), get_scheme(fp.b.scheme)))
+
+
 def _saved_input(recipe: Recipe, rows: int, cols: int, save_quantized: bool) -> dict[str, int]:
     """Bytes by dtype that a Linear saves of its (rows, cols) input."""
     from .quantize import quantized_nbytes
@@ -346,7 +361,8 @@ def _saved_input(recipe: Recipe, rows: int, cols: int, save_quantized: bool) -> 
 
 def _block_activations(cfg: ModelConfig, recipe: Recipe, T: int, tp: int,
                        save_quantized: bool = False) -> dict[str, int]:
-    """Bytes one block saves for backward, by dtype ("compute", "float32", "int64", "uint8")."""
+    """Bytes one block saves for backward, by dtype ("compute", "float32", "int64", "uint8", and
+    "bfloat16" where it keeps weight values)."""
     c = recipe.compute_dtype.itemsize
     d, f, H = cfg.dim, cfg.ffn_dim, cfg.n_heads
     out = {"compute": 0, "float32": 0, "int64": 0, "uint8": 0}
@@ -368,6 +384,11 @@ def _block_activations(cfg: ModelConfig, recipe: Recipe, T: int, tp: int,
     for rows, cols in inputs:
         for kind, b in _saved_input(recipe, rows, cols, save_quantized).items():
             out[kind] += b
+    if _saves_weight_values(recipe):  # each Linear's weight values and its tensor scale
+        attn = 2 * d * cfg.head_dim * (H + cfg.n_kv_heads) // tp  # q, k, v, o
+        mlp = 3 * d * f // tp * (cfg.n_experts or 1)  # gate, up, down (of every expert)
+        out["bfloat16"] = 2 * (attn + mlp)
+        out["float32"] += 4 * (4 + 3 * (cfg.n_experts or 1)) if get_scheme(recipe.fprop.b.scheme).two_level else 0
     return out
 
 
@@ -386,7 +407,7 @@ def _activations(cfg: ModelConfig, recipe: Recipe, T: int, checkpointing: str, t
         total = dict(max(kinds, key=lambda b: sum(b.values())))
         total["compute"] += cfg.n_layers * c * T * cfg.dim
     else:
-        total = {k: n_q * block[k] + (cfg.n_layers - n_q) * kept[k] for k in block}
+        total = {k: n_q * block.get(k, 0) + (cfg.n_layers - n_q) * kept.get(k, 0) for k in {**block, **kept}}
     total["int64"] += 8 * T  # token ids
     total["float32"] += 8 * T * cfg.dim + 4 * T  # the final RMSNorm
     total["compute"] += c * T * cfg.dim  # the output head's input
