@@ -9,9 +9,10 @@ gradient operands) — it compiles `kernels/rowblock.py`'s `_rowblock_kernel` wi
 compiler and ptxas (both in the triton wheel) and prints, per variant, the SASS instruction
 count of the whole kernel and per element (one tile of the library's choice: 16 × 128 at 4
 warps; 16 × 256 at 8 warps where a column read is laid out as a row read,
-`rowblock.column_read_as_rows`), the registers a thread, the shared memory, and the
-instructions that move the tile between layouts (STS/LDS through shared memory, BAR barriers,
-SHFL lane shuffles).
+`rowblock.column_read_as_rows`; the rows of a row-major copy where the library transposes a
+column read first, `rowblock.column_read_transposed_first`), the registers a thread, the
+shared memory, and the instructions that move the tile between layouts (STS/LDS through shared
+memory, BAR barriers, SHFL lane shuffles).
 
 These are static counts, not a timing: a count that grows, or barriers and shared memory that
 appear, show where a variant does more work per element; only the GPU says how much that costs.
@@ -47,10 +48,20 @@ FLOATS = {"elem_max", "rcp_max", "h_scale", "enc_numerator"}
 SHOWN = ("STS", "LDS", "BAR", "SHFL", "LDG", "STG")
 
 
+def copied_first(scheme_name: str, hadamard: bool, along: str) -> bool:
+    """Whether the library reads a row-major copy of this column read (made by the tiled
+    transpose: `rowblock.column_read_transposed_first`), so the kernel reads rows."""
+    s = get_scheme(scheme_name)
+    h = Hadamard(s.block[1]) if hadamard else None
+    return along == "cols" and rowblock.column_read_transposed_first(torch.empty(128, 16).t(), s, True, h)
+
+
 def tile(scheme_name: str, hadamard: bool, along: str) -> tuple[bool, int, int, int]:
     """(as_rows, tile rows, tile columns, warps) as the library picks them for the values of
     a (large) matrix read along rows or columns."""
     s = get_scheme(scheme_name)
+    if copied_first(scheme_name, hadamard, along):
+        along = "rows"
     view = torch.empty(16, 128) if along == "rows" else torch.empty(128, 16).t()
     as_rows = rowblock.column_read_as_rows(view, s, True, Hadamard(s.block[1]) if hadamard else None)
     rows, cols, warps = rowblock.default_tile(as_rows)
@@ -62,6 +73,8 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
     s = get_scheme(scheme_name)
     elem, bc = s.elem, s.block[1]
     as_rows, tile_r, tile_c, warps = tile(scheme_name, hadamard, along)
+    if copied_first(scheme_name, hadamard, along):
+        along = "rows"
     constants = dict(
         BC=bc, TILE_R=tile_r, TILE_C=tile_c, AS_ROWS=as_rows, RULE=rowblock.RULES["two_level" if s.two_level else s.scale_rule],
         KMIN=s.scale_fmt.emin, KMAX=s.scale_fmt.emax, EMAX_ELEM=elem.emax, STOCHASTIC=stochastic,
@@ -118,7 +131,8 @@ def main() -> None:
                     as_rows, tr, tc, warps = tile(name, hadamard, along)
                     per_thread = tr * tc // (32 * warps)  # elements a thread
                     print(f"| {name} | {'SR' if stochastic else 'nearest'} | {'yes' if hadamard else 'no'} | {along} | "
-                          f"{tr} × {tc}{' as rows' if as_rows else ''} | {n} | {n / per_thread:.1f} | {regs} | {shared} | " + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)
+                          f"{tr} × {tc}{' as rows' if as_rows else ''}"
+                          f"{', rows of a transposed copy' if copied_first(name, hadamard, along) else ''} | {n} | {n / per_thread:.1f} | {regs} | {shared} | " + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)
 
 
 if __name__ == "__main__":
