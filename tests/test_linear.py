@@ -659,7 +659,8 @@ def test_square_block_weights_are_quantized_once_for_both_gemms(monkeypatch):
     transposed instead of quantizing the weight again — the same bits (a square block read
     either way is the same block, with the same amax, scale and tensor amax; edges that do not
     fill a block too), one quantization fewer per Linear, and the bf16 values kept for
-    backward. (Triton's interpreter on a CPU: a small model.)"""
+    backward; `recompute_weight_values` quantizes again instead, keeping nothing. (Triton's
+    interpreter on a CPU: a small model.)"""
     import fewerbits.linear as L
     from fewerbits import kernels
 
@@ -676,10 +677,11 @@ def test_square_block_weights_are_quantized_once_for_both_gemms(monkeypatch):
     monkeypatch.setattr(kernels, "quantized_values", lambda *a, **k: (made.append(1), real(*a, **k))[1])
     x = torch.randn(40, 70, generator=torch.Generator().manual_seed(3)).to(device)
 
-    def run():
+    def run(recompute=False):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(70, 50), nn.GELU(), nn.Linear(50, 36)).to(device)
-        fb.convert(model, "nvfp4", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
+        fb.convert(model, "nvfp4", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0,
+                                                    recompute_weight_values=recompute))
         torch.manual_seed(1)  # the same stochastic-rounding draws in both runs
         xr = x.clone().requires_grad_()
         made.clear()
@@ -700,10 +702,12 @@ def test_square_block_weights_are_quantized_once_for_both_gemms(monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(L, "_square_transposable", lambda *a: False)
             out_b, grads_b, n_b, saved_b = run()
+        out_c, grads_c, n_c, saved_c = run(recompute=True)  # the option that asks for that
     finally:
         kernels.set_backend("auto")
     assert torch.equal(out_a, out_b) and all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
-    assert n_b - n_a == 2  # dgrad's weight, in each Linear
+    assert torch.equal(out_a, out_c) and all(torch.equal(a, c) for a, c in zip(grads_a, grads_c))
+    assert n_b - n_a == 2 and n_c == n_b and saved_c == saved_b  # dgrad's weight, in each Linear
     held = collections.Counter(saved_a)
     held.subtract(saved_b)
     assert +held == collections.Counter([(torch.bfloat16, (50, 70)), (torch.bfloat16, (36, 50))]

@@ -16,11 +16,34 @@ from fewerbits.train.optim import AdamW, param_groups
 from fewerbits.train.precision import apply_recipe
 
 
-def trainer_model(recipe, preset="tiny", vocab=512, save_quantized_input=False):
+def trainer_model(recipe, preset="tiny", vocab=512, save_quantized_input=False, recompute_weight_values=False):
     torch.manual_seed(0)
     model = Llama(get_preset(preset, vocab))
-    apply_recipe(model, recipe, fb.Policy(save_quantized_input=save_quantized_input))
+    apply_recipe(model, recipe, fb.Policy(save_quantized_input=save_quantized_input,
+                                          recompute_weight_values=recompute_weight_values))
     return model
+
+
+def saved_bytes(model) -> int:
+    """Bytes of the distinct storages (parameters and buffers aside) autograd saves in a forward
+    of two 64-token sequences, on the Triton backend (the interpreter here) as on a GPU."""
+    fixed = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in fixed:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    x = torch.randint(0, 512, (2, 64))
+    kernels.set_backend("triton")  # the GPU's paths (NVFP4 keeps its weight values: the kernel's)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(x)
+    finally:
+        kernels.set_backend("auto")
+    return sum(saved.values())
 
 
 def nbytes(t):
@@ -69,25 +92,9 @@ def test_activations_are_what_autograd_saves(recipe, preset, save_quantized):
     (the interpreter here), as on a GPU: nvfp4's Linears also keep their 16x16-block weights'
     bf16 values for backward."""
     model = trainer_model(recipe, preset, save_quantized_input=save_quantized)
-    fixed = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    saved = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in fixed:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    x = torch.randint(0, 512, (2, 64))
-    kernels.set_backend("triton")  # the GPU's paths (NVFP4 keeps its weight values: the kernel's)
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(x)
-    finally:
-        kernels.set_backend("auto")
+    measured = saved_bytes(model)
     est = fb.estimate_memory(get_preset(preset, 512), recipe, batch_size=2, seq_len=64,
                              save_quantized_input=save_quantized)
-    measured = sum(saved.values())
     if save_quantized:  # less than the inputs themselves
         assert est.activations < fb.estimate_memory(get_preset(preset, 512), recipe, batch_size=2,
                                                     seq_len=64).activations
@@ -107,6 +114,24 @@ def test_activations_are_what_autograd_saves(recipe, preset, save_quantized):
         kept = sum(memory._block_activations(cfg, high_precision_recipe(r), 2 * 64, 1).values())
         blocks = n_q * per_block + (4 - n_q) * kept
         assert blocks < est.activations < blocks + per_block
+
+def test_nvfp4_weight_values_count_only_where_kept():
+    """NVFP4's Linears keep their 16x16-block weights' bf16 values (and tensor scales) from the
+    forward to the backward unless asked to quantize the weights again: with
+    recompute_weight_values the estimate falls by exactly what autograd saves less."""
+    cfg = get_preset("tiny", 512)
+    kept, again = (fb.estimate_memory(cfg, "nvfp4", batch_size=2, seq_len=64, recompute_weight_values=r)
+                   for r in (False, True))
+    measured_kept, measured_again = (saved_bytes(trainer_model("nvfp4", recompute_weight_values=r))
+                                     for r in (False, True))
+    assert again.activations == measured_again and kept.activations == measured_kept
+    assert kept.activations - again.activations == measured_kept - measured_again > 0
+    assert again.settings["recompute_weight_values"] and not kept.settings["recompute_weight_values"]
+    for recipe in ("bf16", "mxfp4", "fp8_blockwise"):  # nothing to recompute: the same estimate
+        a, b = (fb.estimate_memory(cfg, recipe, batch_size=2, seq_len=64, recompute_weight_values=r).total_bytes
+                for r in (False, True))
+        assert a == b
+
 
 def test_a_hugging_face_config_counts_the_same_parameters():
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -656,6 +656,28 @@ def test_saving_quantized_inputs_changes_no_bit(corpus, cache, tmp_path, recipe)
     assert flags == {True}  # the option reached every quantized Linear
 
 
+def test_recompute_weight_values_reaches_every_quantized_linear(corpus, cache, tmp_path):
+    """--recompute-weight-values (NVFP4: quantize each weight again for backward instead of
+    keeping its forward values) reaches every quantized Linear, and alone leaves the rest of
+    the default policy (the last block kept in bf16) as it is."""
+    from fewerbits.cli import build_parser
+    from fewerbits.linear import QuantizedLinear
+    from fewerbits.train.loop import build
+
+    for argv in (["train", "--recipe", "nvfp4"], ["bench", "train"], ["memory"]):  # the same option everywhere
+        assert build_parser().parse_args(argv + ["--recompute-weight-values"]).recompute_weight_values is True
+        assert build_parser().parse_args(argv).recompute_weight_values is False
+    data = prepare(str(corpus), 512, cache)
+    models = [build(config(corpus, cache, tmp_path, recipe="nvfp4", recompute_weight_values=r), data,
+                    torch.device("cpu"))[0] for r in (False, True)]
+    for model, on in zip(models, (False, True)):
+        layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+        assert {m.recompute_weight_values for m in layers if m.recipe.name == "nvfp4"} == {on}
+        assert {m._config.recompute_weight_values for m in layers if m.recipe.name == "nvfp4"} == {on}
+    kinds = [[m.recipe.name for m in model.modules() if isinstance(m, QuantizedLinear)] for model in models]
+    assert kinds[0] == kinds[1] and "bf16" in kinds[0]
+
+
 def test_train_compile_blocks_reaches_compile_model(corpus, cache, tmp_path, monkeypatch, capsys):
     """`train --compile-blocks` compiles the model block by block (compile_model(blocks=True);
     the compilation itself is replaced here: tests/test_convert.py compiles by blocks)."""

@@ -189,6 +189,7 @@ class TrainBench:
     vocab_size: int = 8192
     device: str = "auto"
     save_quantized_inputs: bool = False  #: as the trainer's option (recipes' arms only)
+    recompute_weight_values: bool = False  #: as the trainer's option (recipes' arms only)
 
 
 def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None, on_rows=None) -> list[dict]:
@@ -226,7 +227,10 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None, o
             from .convert import Policy
             from .train.precision import apply_recipe
 
-            policy = Policy(save_quantized_input=True) if cfg.save_quantized_inputs else None
+            policy = None
+            if cfg.save_quantized_inputs or cfg.recompute_weight_values:
+                policy = Policy(save_quantized_input=cfg.save_quantized_inputs,
+                                recompute_weight_values=cfg.recompute_weight_values)
             apply_recipe(model, name, policy, device=device)
         else:
             _torchao_convert(model, torchao_recipe)

@@ -226,7 +226,8 @@ def cmd_bench(args) -> int:
     else:
         cfg = bench.TrainBench(preset=args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
                                steps=args.iters, warmup=args.warmup, compile=args.compile, device=str(device),
-                               compile_blocks=args.compile_blocks, save_quantized_inputs=args.save_quantized_inputs)
+                               compile_blocks=args.compile_blocks, save_quantized_inputs=args.save_quantized_inputs,
+                               recompute_weight_values=args.recompute_weight_values)
         peers = [args.peer] if args.peer else []
         # the arms measured so far are on disk after each one, marked incomplete until the end
         partial = (lambda rows: _write_json(args.json, {"header": head, "complete": False, "rows": rows})
@@ -284,6 +285,7 @@ def cmd_memory(args) -> int:
             grad_dtype=args.grad_dtype, fp32_grad_accumulation=args.fp32_grad_accumulation,
             grad_accum=args.grad_accum, checkpointing=args.checkpointing, dp=args.dp, zero=args.zero, tp=args.tp,
             fused_adamw=args.adamw == "fused", save_quantized_input=args.save_quantized_inputs,
+            recompute_weight_values=args.recompute_weight_values,
         )
         for r in recipes
     ]
@@ -358,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="torch.compile every arm block by block (one block's compile time)")
             b.add_argument("--save-quantized-inputs", action="store_true",
                            help="Linears keep their input's quantized column-wise copy for backward (as train's option)")
+            b.add_argument("--recompute-weight-values", action="store_true",
+                           help="NVFP4: quantize each weight again for backward instead of keeping its values (as train's option)")
             b.add_argument("--peer", choices=["torchao"], default=None,
                            help="also measure this library's FP8 training of the same model")
         b.set_defaults(func=cmd_bench)
@@ -384,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     p.add_argument("--save-quantized-inputs", action="store_true",
                    help="Linears keep their input's quantized column-wise copy for backward (train's option)")
+    p.add_argument("--recompute-weight-values", action="store_true",
+                   help="NVFP4: Linears quantize each weight again for backward instead of keeping its values (train's option)")
     p.add_argument("--adamw", choices=["fused", "multi-tensor"], default="fused",
                    help="the optimizer's update: one kernel per parameter (GPU default) or multi-tensor ops (CPU)")
     p.add_argument("--json", action="store_true", help="print JSON: params, total_bytes, items (bytes)")

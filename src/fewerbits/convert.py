@@ -45,6 +45,7 @@ class Policy:
     min_features: int = 256  #: on native FP8 paths, smaller Linears are kept (too small to gain)
     native: bool | str = "auto"  #: passed to every QuantizedLinear
     save_quantized_input: bool = False  #: passed to every QuantizedLinear
+    recompute_weight_values: bool = False  #: passed to every QuantizedLinear
 
     def matches(self, name: str) -> str | None:
         """The first pattern that keeps `name`, if any."""
@@ -182,7 +183,8 @@ def convert(
                 layer_recipe = recipe.experts
             row.got, row.reason, row.quantized = layer_recipe.name, "converted", True
             q = QuantizedLinear.from_linear(
-                mod, layer_recipe, native=policy.native, save_quantized_input=policy.save_quantized_input
+                mod, layer_recipe, native=policy.native, save_quantized_input=policy.save_quantized_input,
+                recompute_weight_values=policy.recompute_weight_values,
             )
             _set_submodule(model, name, q)
     if not report.layers:

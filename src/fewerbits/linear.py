@@ -224,9 +224,11 @@ def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native, gemm: Gemm) ->
 class _Config:
     """The non-tensor arguments of the autograd function (one per module)."""
 
-    def __init__(self, recipe: Recipe, native, save_quantized_input: bool, state):
+    def __init__(self, recipe: Recipe, native, save_quantized_input: bool, state,
+                 recompute_weight_values: bool = False):
         self.recipe, self.native = recipe, native
         self.save_quantized_input, self.state = save_quantized_input, state
+        self.recompute_weight_values = recompute_weight_values
         self.cache_weight = False
         self.weight_cache: dict = {}  # axis → (weight version, quantized weight)
         # prepare_weight: the fprop and dgrad weight operands without their tensors (which enter
@@ -312,7 +314,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
             ctx.w_dgrad = cfg.prepared[1]
             saved += [w_dgrad.data, w_dgrad.scale, w_dgrad.tensor_scale]
         elif (isinstance(b, _Values) and amax_w is None and recipe.weight_qat is None
-                and _square_transposable(fp.b, fp, dg.b, dg)):
+                and not cfg.recompute_weight_values and _square_transposable(fp.b, fp, dg.b, dg)):
             # square blocks (NVFP4's 16x16 weights): dgrad multiplies these values transposed
             # instead of reading the fp32 weight twice more (amax, values); they hold 2 bytes a
             # weight from the forward to the backward (memory.py counts them)
@@ -385,6 +387,10 @@ class QuantizedLinear(nn.Linear):
     recipe: a name from RECIPES or a Recipe. native: "auto" (native FP8 on Hopper where the
     shapes allow, emulation elsewhere), True (insist; an error if impossible), False (always
     emulate). save_quantized_input: keep only the quantized column-wise input for backward.
+    recompute_weight_values: where the weight's blocks are square and its GEMMs multiply values
+    (NVFP4's 16x16 weights on a GPU), quantize the weight again for the input-gradient GEMM
+    instead of keeping the forward's values until backward (2 bytes a weight less memory
+    between them, one more pass over the weight); the bits are the same either way.
     """
 
     def __init__(
@@ -396,15 +402,17 @@ class QuantizedLinear(nn.Linear):
         *,
         native: bool | str = "auto",
         save_quantized_input: bool = False,
+        recompute_weight_values: bool = False,
         device=None,
         dtype=None,
     ):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self._configure(recipe, native, save_quantized_input)
+        self._configure(recipe, native, save_quantized_input, recompute_weight_values)
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, recipe: str | Recipe, *, native="auto", save_quantized_input=False
+        cls, linear: nn.Linear, recipe: str | Recipe, *, native="auto", save_quantized_input=False,
+        recompute_weight_values=False,
     ) -> QuantizedLinear:
         """A QuantizedLinear that shares `linear`'s weight and bias Parameters (no copy)."""
         q = cls.__new__(cls)
@@ -412,20 +420,22 @@ class QuantizedLinear(nn.Linear):
         q.in_features, q.out_features = linear.in_features, linear.out_features
         q.weight, q.bias = linear.weight, linear.bias
         q.train(linear.training)
-        q._configure(recipe, native, save_quantized_input)
+        q._configure(recipe, native, save_quantized_input, recompute_weight_values)
         return q
 
-    def _configure(self, recipe, native, save_quantized_input):
+    def _configure(self, recipe, native, save_quantized_input, recompute_weight_values=False):
         self.recipe = get_recipe(recipe)
         if native not in ("auto", True, False):
             raise ValueError(f"native must be 'auto', True or False, not {native!r}")
         self.native = native
         self.save_quantized_input = save_quantized_input
+        self.recompute_weight_values = recompute_weight_values
         self.delayed_scaling = None
         if self.recipe.delayed is not None:
             state = DelayedScalingState(self.recipe.delayed, self.recipe)
             self.delayed_scaling = state.to(self.weight.device)
-        self._config = _Config(self.recipe, native, save_quantized_input, self.delayed_scaling)
+        self._config = _Config(self.recipe, native, save_quantized_input, self.delayed_scaling,
+                               recompute_weight_values)
         self._prepared: tuple = ()  # prepare_weight: the operands' tensors, inputs of the autograd function
         self._prepared_version = -1  # and the weight's version when they were made
 

@@ -216,14 +216,17 @@ def inventory(cfg: ModelConfig, recipe: Recipe) -> Inventory:
 def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size: int = 8, seq_len: int = 1024,
                     state_dtype: str = "float32", grad_dtype: str = "float32", fp32_grad_accumulation: bool = False,
                     grad_accum: int = 1, checkpointing: str = "none", dp: int = 1, zero: int = 0,
-                    tp: int = 1, fused_adamw: bool = True, save_quantized_input: bool = False) -> MemoryEstimate:
+                    tp: int = 1, fused_adamw: bool = True, save_quantized_input: bool = False,
+                    recompute_weight_values: bool = False) -> MemoryEstimate:
     """Itemised bytes per GPU of training `model` under `recipe` (see the module docstring).
 
     batch_size is the micro-batch per GPU; zero is the ZeRO stage (3 = FSDP full sharding);
     fused_adamw: the optimizer's one-kernel update (its default on a GPU) rather than its
     multi-tensor path (CPU), which allocates two fp32 temporaries per parameter of a group;
     save_quantized_input: the Linears keep their input's column-wise quantized copy for backward
-    (the trainer's `save_quantized_inputs`) instead of the input.
+    (the trainer's `save_quantized_inputs`) instead of the input; recompute_weight_values: NVFP4's
+    Linears quantize their weights again for backward instead of keeping the forward's values
+    (the trainer's option of that name).
     """
     name, cfg = model_config(model)
     recipe = get_recipe(recipe)
@@ -264,7 +267,7 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
     items["model buffers"] = inv.buffers
     compute_name = str(recipe.compute_dtype).removeprefix("torch.")
     acts = _activations(cfg, recipe, batch_size * seq_len, checkpointing, tp, save_quantized_input,
-                        inv.quantized_blocks)
+                        inv.quantized_blocks, recompute_weight_values)
     for kind, b in _by_dtype(acts, compute_name).items():
         items[f"activations, {kind}"] = b
     tokens = batch_size * seq_len
@@ -280,10 +283,12 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
     phases = {phase: sum(b for k, b in items.items() if k in keys or ("activations" in keys and k.startswith("activations")))
               for phase, keys in PHASE_ITEMS.items()}
     per_block = {k: v for k, v in _by_dtype(_block_activations(cfg, recipe, batch_size * seq_len, tp,
-                                                               save_quantized_input), compute_name).items() if v}
+                                                               save_quantized_input, recompute_weight_values),
+                                            compute_name).items() if v}
     settings = dict(batch_size=batch_size, seq_len=seq_len, state_dtype=state_dtype, grad_dtype=grad_dtype,
                     grad_accum=grad_accum, checkpointing=checkpointing, dp=dp, zero=zero, tp=tp,
-                    fused_adamw=fused_adamw, save_quantized_input=save_quantized_input)
+                    fused_adamw=fused_adamw, save_quantized_input=save_quantized_input,
+                    recompute_weight_values=recompute_weight_values)
     return MemoryEstimate(name, recipe.name, params, items, phases, max(phases.values()), settings, per_block)
 
 
@@ -360,7 +365,7 @@ def _saved_input(recipe: Recipe, rows: int, cols: int, save_quantized: bool) -> 
 
 
 def _block_activations(cfg: ModelConfig, recipe: Recipe, T: int, tp: int,
-                       save_quantized: bool = False) -> dict[str, int]:
+                       save_quantized: bool = False, recompute_weights: bool = False) -> dict[str, int]:
     """Bytes one block saves for backward, by dtype ("compute", "float32", "int64", "uint8", and
     "bfloat16" where it keeps weight values)."""
     c = recipe.compute_dtype.itemsize
@@ -384,7 +389,7 @@ def _block_activations(cfg: ModelConfig, recipe: Recipe, T: int, tp: int,
     for rows, cols in inputs:
         for kind, b in _saved_input(recipe, rows, cols, save_quantized).items():
             out[kind] += b
-    if _saves_weight_values(recipe):  # each Linear's weight values and its tensor scale
+    if _saves_weight_values(recipe) and not recompute_weights:  # each Linear's weight values, tensor scale
         attn = 2 * d * cfg.head_dim * (H + cfg.n_kv_heads) // tp  # q, k, v, o
         mlp = 3 * d * f // tp * (cfg.n_experts or 1)  # gate, up, down (of every expert)
         out["bfloat16"] = 2 * (attn + mlp)
@@ -393,14 +398,15 @@ def _block_activations(cfg: ModelConfig, recipe: Recipe, T: int, tp: int,
 
 
 def _activations(cfg: ModelConfig, recipe: Recipe, T: int, checkpointing: str, tp: int,
-                 save_quantized: bool = False, quantized_blocks: int | None = None) -> dict[str, int]:
+                 save_quantized: bool = False, quantized_blocks: int | None = None,
+                 recompute_weights: bool = False) -> dict[str, int]:
     """Saved activations of the whole model by dtype (see the module docstring);
     quantized_blocks: how many blocks run the recipe (the others its compute dtype)."""
     from .train.precision import high_precision_recipe
 
     c = recipe.compute_dtype.itemsize
     n_q = cfg.n_layers if quantized_blocks is None else quantized_blocks
-    block = _block_activations(cfg, recipe, T, tp, save_quantized)
+    block = _block_activations(cfg, recipe, T, tp, save_quantized, recompute_weights)
     kept = _block_activations(cfg, high_precision_recipe(recipe), T, tp)
     if checkpointing == "block":  # each block's input, and one block recomputed
         kinds = ([block] if n_q else []) + ([kept] if n_q < cfg.n_layers else [])

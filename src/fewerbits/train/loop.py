@@ -82,6 +82,7 @@ class TrainConfig:
     compile: bool = False  #: torch.compile the model
     compile_blocks: bool = False  #: torch.compile each transformer block instead (one graph for all blocks: about one block's compile time)
     save_quantized_inputs: bool = False  #: Linears keep their input's quantized column-wise copy for backward instead of the input (less activation memory; the same bits where inputs round to nearest, as in every built-in recipe)
+    recompute_weight_values: bool = False  #: NVFP4 on a GPU: the input-gradient GEMM quantizes each weight again instead of keeping the forward's bf16 values (2 bytes a weight less memory between forward and backward, one more pass over the weights; the same bits)
     progress: bool = True  #: show a progress line on the terminal
     tensorboard: bool = True  #: also write TensorBoard events (if tensorboard is installed)
 
@@ -187,7 +188,10 @@ def build(cfg: TrainConfig, data: TokenData, device: torch.device):
         raise ValueError(f"--seq-len {cfg.seq_len} exceeds preset {cfg.preset}'s max_seq_len {model_cfg.max_seq_len}")
     torch.manual_seed(cfg.seed)
     model = Llama(model_cfg).to(device)
-    policy = Policy(save_quantized_input=True) if cfg.save_quantized_inputs else None
+    policy = None
+    if cfg.save_quantized_inputs or cfg.recompute_weight_values:
+        policy = Policy(save_quantized_input=cfg.save_quantized_inputs,
+                        recompute_weight_values=cfg.recompute_weight_values)
     report = apply_recipe(model, cfg.recipe, policy, device=device)
     return model, model_cfg, report
 
