@@ -429,7 +429,6 @@ class QuantizedLinear(nn.Linear):
             raise ValueError(f"native must be 'auto', True or False, not {native!r}")
         self.native = native
         self.save_quantized_input = save_quantized_input
-        self.recompute_weight_values = recompute_weight_values
         self.delayed_scaling = None
         if self.recipe.delayed is not None:
             state = DelayedScalingState(self.recipe.delayed, self.recipe)
@@ -438,6 +437,16 @@ class QuantizedLinear(nn.Linear):
                                recompute_weight_values)
         self._prepared: tuple = ()  # prepare_weight: the operands' tensors, inputs of the autograd function
         self._prepared_version = -1  # and the weight's version when they were made
+
+    @property
+    def recompute_weight_values(self) -> bool:
+        """Quantize a square-block weight again for the input-gradient GEMM instead of keeping
+        the forward's values (see the class docstring); may be switched between steps."""
+        return self._config.recompute_weight_values
+
+    @recompute_weight_values.setter
+    def recompute_weight_values(self, on: bool) -> None:
+        self._config.recompute_weight_values = bool(on)
 
     @property
     def cache_weight(self) -> bool:
