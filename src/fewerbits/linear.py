@@ -318,8 +318,8 @@ class _QuantizedLinearFn(torch.autograd.Function):
             # square blocks (NVFP4's 16x16 weights): dgrad multiplies these values transposed
             # instead of reading the fp32 weight twice more (amax, values); they hold 2 bytes a
             # weight from the forward to the backward (memory.py counts them)
-            ctx.w_values = b.tensor_scale is not None  # whether a tensor scale is saved after them
-            saved += [b.matrix] + ([b.tensor_scale] if ctx.w_values else [])
+            ctx.w_values = True
+            saved += [b.matrix, b.tensor_scale]
         elif (torch.compiler.is_compiling() and recipe.weight_qat is None and isinstance(b, QuantizedTensor)
                 and b.scheme.scale_fmt.bits > 8 and _transposable(fp.b, fp, dg.b, dg)):
             ctx.weight_q = replace(b, data=None, scale=None)
@@ -346,9 +346,9 @@ class _QuantizedLinearFn(torch.autograd.Function):
             if ctx.w_dgrad is not None:  # prepared with the fprop operand
                 data, scale, tensor_scale = ctx.saved_tensors[-3:]
                 b = replace(ctx.w_dgrad, data=data, scale=scale, tensor_scale=tensor_scale)
-            elif ctx.w_values is not None:  # the forward's square-block values, transposed
-                values = ctx.saved_tensors[-2 if ctx.w_values else -1]
-                b = _Values(values.t(), ctx.saved_tensors[-1] if ctx.w_values else None)
+            elif ctx.w_values:  # the forward's square-block values, transposed
+                values, tensor_scale = ctx.saved_tensors[-2:]
+                b = _Values(values.t(), tensor_scale)
             elif ctx.weight_q is not None:  # the forward's scale, the weight's codes along N
                 b = requantize(weight, replace(ctx.weight_q, scale=ctx.saved_tensors[-1]), axis=0)
             elif recipe.weight_qat is not None:  # column-wise: along N

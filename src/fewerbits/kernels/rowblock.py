@@ -268,6 +268,11 @@ def hadamard_fusable(scheme: Scheme, hadamard, C: int) -> bool:
     return hadamard is not None and br == 1 and bc == hadamard.size and C % bc == 0
 
 
+def _column_read(X: torch.Tensor) -> bool:
+    """Whether X is a transposed view: its rows contiguous, its columns not."""
+    return X.dim() == 2 and X.stride(0) == 1 and X.stride(1) != 1
+
+
 def column_read_as_rows(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None) -> bool:
     """Whether the kernel lays out a column read of X — a transposed view: every weight-gradient
     operand, and the weight of dgrad — as it lays out a row read: a block's elements along
@@ -281,8 +286,7 @@ def column_read_as_rows(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=
     applies a 32-point Hadamard transform (mxfp4's weight gradients), which it made slower
     (1.40 → 1.94 ms): those are copied to rows first (`column_read_transposed_first`)."""
     br, bc = scheme.block
-    column_read = X.dim() == 2 and X.stride(0) == 1 and X.stride(1) != 1
-    return values and br == 1 and column_read and not (hadamard is not None and bc == 32)
+    return values and br == 1 and _column_read(X) and not (hadamard is not None and bc == 32)
 
 
 def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None) -> bool:
@@ -293,8 +297,7 @@ def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, 
     (kernels/transpose.py) and freed when the kernel is done; timings in docs/kernels-notes.md
     (v22)."""
     br, bc = scheme.block
-    column_read = X.dim() == 2 and X.stride(0) == 1 and X.stride(1) != 1
-    return values and br == 1 and column_read and hadamard is not None and bc == 32
+    return values and br == 1 and _column_read(X) and hadamard is not None and bc == 32
 
 
 def default_tile(as_rows: bool) -> tuple[int, int, int | None]:
