@@ -674,8 +674,9 @@ def test_recompute_weight_values_reaches_every_quantized_linear(corpus, cache, t
         layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
         assert {m.recompute_weight_values for m in layers if m.recipe.name == "nvfp4"} == {on}
         assert {m._config.recompute_weight_values for m in layers if m.recipe.name == "nvfp4"} == {on}
-    layers[0].recompute_weight_values = False  # the layer's switch is its autograd function's
-    assert layers[0]._config.recompute_weight_values is False
+    layers[0].recompute_weight_values = False  # the layer's switches are its autograd function's
+    layers[0].save_quantized_input = True
+    assert layers[0]._config.recompute_weight_values is False and layers[0]._config.save_quantized_input is True
     kinds = [[m.recipe.name for m in model.modules() if isinstance(m, QuantizedLinear)] for model in models]
     assert kinds[0] == kinds[1] and "bf16" in kinds[0]
 

@@ -428,7 +428,6 @@ class QuantizedLinear(nn.Linear):
         if native not in ("auto", True, False):
             raise ValueError(f"native must be 'auto', True or False, not {native!r}")
         self.native = native
-        self.save_quantized_input = save_quantized_input
         self.delayed_scaling = None
         if self.recipe.delayed is not None:
             state = DelayedScalingState(self.recipe.delayed, self.recipe)
@@ -437,6 +436,16 @@ class QuantizedLinear(nn.Linear):
                                recompute_weight_values)
         self._prepared: tuple = ()  # prepare_weight: the operands' tensors, inputs of the autograd function
         self._prepared_version = -1  # and the weight's version when they were made
+
+    @property
+    def save_quantized_input(self) -> bool:
+        """Keep only the quantized column-wise input for backward (see the class docstring);
+        may be switched between steps."""
+        return self._config.save_quantized_input
+
+    @save_quantized_input.setter
+    def save_quantized_input(self, on: bool) -> None:
+        self._config.save_quantized_input = bool(on)
 
     @property
     def recompute_weight_values(self) -> bool:
