@@ -227,10 +227,8 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None, o
             from .convert import Policy
             from .train.precision import apply_recipe
 
-            policy = None
-            if cfg.save_quantized_inputs or cfg.recompute_weight_values:
-                policy = Policy(save_quantized_input=cfg.save_quantized_inputs,
-                                recompute_weight_values=cfg.recompute_weight_values)
+            policy = Policy(save_quantized_input=cfg.save_quantized_inputs,
+                            recompute_weight_values=cfg.recompute_weight_values)
             apply_recipe(model, name, policy, device=device)
         else:
             _torchao_convert(model, torchao_recipe)

@@ -36,9 +36,11 @@ per-tensor FP8, where it saves the input's forward codes (1 byte per element and
 scale), and with `save_quantized_input`, where it saves the column-wise quantized copy (codes
 and block scales). Under NVFP4 (16x16-block weights, emulated on bf16 values on a GPU) a Linear
 also keeps its weight's forward values (2 bytes per weight and a 4-byte tensor scale) for the
-input-gradient GEMM, which multiplies them transposed instead of quantizing the weight again. Data parallelism shards states (ZeRO-1), plus gradients (ZeRO-2), plus
-master weights (ZeRO-3 / FSDP); tensor parallelism splits the block and vocabulary matrices and
-the activations inside attention and the MLP (Megatron style, no sequence parallelism).
+input-gradient GEMM, which multiplies them transposed instead of quantizing the weight again,
+unless `recompute_weight_values` asks for the latter. Data parallelism shards states (ZeRO-1),
+plus gradients (ZeRO-2), plus master weights (ZeRO-3 / FSDP); tensor parallelism splits the
+block and vocabulary matrices and the activations inside attention and the MLP (Megatron
+style, no sequence parallelism).
 Mixture-of-experts activations assume even routing.
 """
 

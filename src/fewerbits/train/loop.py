@@ -188,10 +188,7 @@ def build(cfg: TrainConfig, data: TokenData, device: torch.device):
         raise ValueError(f"--seq-len {cfg.seq_len} exceeds preset {cfg.preset}'s max_seq_len {model_cfg.max_seq_len}")
     torch.manual_seed(cfg.seed)
     model = Llama(model_cfg).to(device)
-    policy = None
-    if cfg.save_quantized_inputs or cfg.recompute_weight_values:
-        policy = Policy(save_quantized_input=cfg.save_quantized_inputs,
-                        recompute_weight_values=cfg.recompute_weight_values)
+    policy = Policy(save_quantized_input=cfg.save_quantized_inputs, recompute_weight_values=cfg.recompute_weight_values)
     report = apply_recipe(model, cfg.recipe, policy, device=device)
     return model, model_cfg, report
 
