@@ -73,10 +73,24 @@ def _round_values(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.conste
     """The values `_round_codes`' codes decode to, for a floating-point element format, without
     the codes: ±min(r · 2^(e − M), max) (exact: r is an integer of at most M + 2 bits), ±max
     where v is not finite, NaN for NaN where the format has one — a code past the largest
-    finite one is a value past max, which the code's saturation turns into max."""
-    neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
-    mag = tl.minimum(r * ((e - M + 127) << 23).to(tl.float32, bitcast=True), MAX_VALUE)
-    mag = tl.where(finite, mag, MAX_VALUE)
+    finite one is a value past max, which the code's saturation turns into max.
+
+    Rounding to nearest takes a shorter way to the same value: with the binade e clamped as
+    above, c = 2^(e − M + 23) is a float32 whose spacing is the quantum 2^(e − M), so the fp32
+    sum |v| + c rounds |v| to a multiple of the quantum, half to even (c is an even multiple
+    of it), and subtracting c again is exact. (|v| is not a product the compiler could fuse
+    into the addition: the absolute value stands between.)"""
+    if STOCHASTIC:
+        neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
+        mag = tl.minimum(r * ((e - M + 127) << 23).to(tl.float32, bitcast=True), MAX_VALUE)
+        mag = tl.where(finite, mag, MAX_VALUE)
+    else:
+        neg, nan = v.to(tl.int32, bitcast=True) < 0, v != v
+        mag = tl.abs(v)
+        field = tl.minimum(tl.maximum((mag.to(tl.int32, bitcast=True) >> 23) & 0xFF, EMIN + 127), EMAX + 128)
+        c = ((field + (23 - M)) << 23).to(tl.float32, bitcast=True)
+        r = (mag + c) - c
+        mag = tl.where(r < MAX_VALUE, r, MAX_VALUE)  # past max, ±inf and NaN: max
     # the sign put in as a bit: a select between mag and −mag may lose the sign of a zero
     # (on the H200 it did), and −0 is what the reference's codes give
     val = (mag.to(tl.int32, bitcast=True) | (neg.to(tl.int32) << 31)).to(tl.float32, bitcast=True)
