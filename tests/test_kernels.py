@@ -266,6 +266,44 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
     assert same_values(values, ref)
 
 
+def test_two_amaxes_of_a_matrix_in_one_read():
+    """`two_amaxes`: max |x| and max |Hadamard.transform(xᵀ)| of a matrix in one read — the
+    reference's reductions bit for bit (NaN for NaN): bf16 and fp32, rows that do not fill a
+    block of the transform (its zero padding), NaN, inf, zeros and subnormals, a strided view,
+    the default tile and a small one, an empty matrix; and the values kernel given either amax
+    as NVFP4's tensor amax makes the values it makes when it finds the amax itself."""
+    from fewerbits.kernels import rowblock
+
+    h = fb.Hadamard(16, seed=4)
+    plain = torch.from_numpy(hard_matrix(48, 42, seed=6, specials=False)).to(DEVICE)
+    special = torch.from_numpy(hard_matrix(48, 42, seed=6, specials=True)).to(DEVICE)
+    one_inf = plain.clone()
+    one_inf[33, 7] = float("-inf")
+    cases = [plain, special, one_inf, plain[:37], plain[:, ::2], torch.zeros(32, 20, device=DEVICE)]
+    small = dict(tile_c=32, groups=2, num_warps=2)  # several programs (the interpreter's time is per program)
+    for t, tiles in [(c, small) for c in cases + [c.bfloat16() for c in cases]] + [(special.bfloat16(), {})]:
+        ref = torch.stack([torch.linalg.vector_norm(t, ord=float("inf")).float(),
+                           h.transform(t.t(), dim=-1).abs().amax()])
+        got = rowblock.two_amaxes(t, h, **tiles)
+        assert torch.equal(got.isnan(), ref.isnan()), (t.shape, t.dtype)
+        assert torch.equal(got.nan_to_num(), ref.nan_to_num()), (t.shape, t.dtype)
+    assert torch.equal(rowblock.two_amaxes(plain[:0], h), torch.zeros(2, device=DEVICE))
+    assert not kernels.two_amaxes_in_one_read(plain, "mxfp4", h)  # one level: no tensor amax
+    with pytest.raises(ValueError, match="16-point"):
+        rowblock.two_amaxes(plain, fb.Hadamard(32))
+    # NVFP4's values from the amaxes given: along rows as they are, along columns transformed
+    t = special.bfloat16()
+    amaxes = kernels.two_amaxes(t, h)
+    assert kernels.two_amaxes_in_one_read(t, "nvfp4", h) and not kernels.two_amaxes_in_one_read(t[:37], "nvfp4", h)
+    for axis, hadamard, amax in ((-1, None, amaxes[0]), (0, h, amaxes[1])):
+        gen = lambda: torch.Generator(device=DEVICE).manual_seed(5)  # noqa: E731
+        found = kernels.quantized_values(t, "nvfp4", rounding="stochastic", generator=gen(), axis=axis,
+                                         hadamard=hadamard)
+        given = kernels.quantized_values(t, "nvfp4", rounding="stochastic", generator=gen(), axis=axis,
+                                         hadamard=hadamard, tensor_amax=amax)
+        assert same_values(given[0], found[0]) and torch.equal(given[1], found[1]), axis
+
+
 def same_values(values, ref) -> bool:
     """bf16 matrices equal bit for bit, NaN for NaN (the sign of a NaN aside)."""
     nan = ref.isnan()

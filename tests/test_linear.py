@@ -442,7 +442,7 @@ def test_cached_weight_is_reused_until_the_weight_changes(monkeypatch):
 
     calls = []
     real = L._prepare
-    monkeypatch.setattr(L, "_prepare", lambda t, op, *a: (calls.append(t.shape), real(t, op, *a))[1])
+    monkeypatch.setattr(L, "_prepare", lambda t, op, *a, **k: (calls.append(t.shape), real(t, op, *a, **k))[1])
     torch.manual_seed(0)
     layer = fb.QuantizedLinear(64, 32, recipe="fp8_tensorwise")
     w_shape = layer.weight.shape
@@ -547,7 +547,7 @@ def test_linears_reading_one_tensor_share_its_quantization(recipe, monkeypatch):
 
     calls = []
     real = L._prepare
-    monkeypatch.setattr(L, "_prepare", lambda t, *a: (calls.append(1), real(t, *a))[1])
+    monkeypatch.setattr(L, "_prepare", lambda t, *a, **k: (calls.append(1), real(t, *a, **k))[1])
 
     def run(shared: bool):
         L.share_operands(shared)
@@ -583,7 +583,7 @@ def test_per_tensor_codes_are_transposed_not_quantized_again(recipe, monkeypatch
 
     calls = []
     real = L._prepare
-    monkeypatch.setattr(L, "_prepare", lambda t, *a: (calls.append(1), real(t, *a))[1])
+    monkeypatch.setattr(L, "_prepare", lambda t, *a, **k: (calls.append(1), real(t, *a, **k))[1])
 
     def run():
         torch.manual_seed(0)
@@ -640,12 +640,24 @@ def test_emulated_gemms_multiply_values_made_without_codes(recipe, monkeypatch):
         out.float().square().sum().backward()
         return out, [xr.grad] + [p.grad for p in model.parameters()]
 
+    from fewerbits.kernels import rowblock
+
+    given = []  # per values kernel of a two-level scheme: whether its tensor amax was given
+    real_rowblocks = rowblock.quantize_rowblocks
+    monkeypatch.setattr(rowblock, "quantize_rowblocks", lambda X, scheme, *a, **k: (
+        given.append(k.get("tensor_amax") is not None) if scheme.two_level and k.get("values") else None,
+        real_rowblocks(X, scheme, *a, **k))[1])
     kernels.set_backend("triton")
     try:
         for save_quantized, cache in ((False, False), (True, True)):
             made.clear()
+            given.clear()
             out_a, grads_a = run(save_quantized, cache)
             assert made  # the values path ran
+            if recipe == "nvfp4" and not save_quantized:  # the two amaxes of each input and gradient
+                # (48 rows: whole blocks of the transform) served the four GEMM operands made from
+                # them; the weights find their own (once: dgrad multiplies fprop's values)
+                assert sorted(given) == [False] * 2 + [True] * 8
             with monkeypatch.context() as m:
                 m.setattr(L, "_as_values", lambda *a: False)
                 out_b, grads_b = run(save_quantized, cache)

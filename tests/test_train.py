@@ -401,7 +401,7 @@ def test_gradient_accumulation_reuses_quantized_weights_without_changing_a_bit(c
 
     prepared = []
     real = L._prepare
-    monkeypatch.setattr(L, "_prepare", lambda t, *a: (prepared.append(t.dim()), real(t, *a))[1])
+    monkeypatch.setattr(L, "_prepare", lambda t, *a, **k: (prepared.append(t.dim()), real(t, *a, **k))[1])
     kw = dict(recipe="fp8_tensorwise", steps=3, grad_accum=2, batch_size=2, eval_every=3, checkpoint_every=0)
     cached = train(config(corpus, cache, tmp_path, out=str(tmp_path / "a"), **kw))
     with_cache = len(prepared)

@@ -35,6 +35,12 @@ they serve the weight-gradient GEMM as above (one byte per element instead of tw
 arrived, or, with `save_quantized_input=True`, only its column-wise quantized copy for the
 weight-gradient GEMM, which is what that GEMM needs and all it needs.
 
+NVFP4's tensor-level scale needs the amax of each tensor it quantizes: of the input (forward)
+and the gradient (dgrad) as they are, and of both under the weight-gradient GEMM's Hadamard
+transform. Where the values kernel makes those operands, one read of the input finds its two
+amaxes in the forward (the transformed one is saved, a scalar) and one read of the gradient its
+two in the backward (`kernels.two_amaxes`), instead of a pass for each amax.
+
 Delayed scaling (`fp8_delayed`) keeps, per tensor role (input, weight, grad_output), an amax
 history and the amax the next quantization uses, as buffers: they are saved and restored with
 `state_dict()`.
@@ -110,21 +116,39 @@ def _as_values(gemm: Gemm, t: torch.Tensor) -> bool:
             and (kernels.uses_triton(t) or any(kernels.values_in_one_kernel(t, s) for s in (a, b))))
 
 
-def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None, codes: bool = False):
+def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None, codes: bool = False,
+             tensor_amax=None):
     """One GEMM operand from a high-precision 2-D tensor: Hadamard, then quantize along `axis`.
 
     Returns a QuantizedTensor, or, unquantized, the (R, inner) matrix in the compute dtype, or,
     for a GEMM that multiplies values (`_as_values`) unless `codes` asks for the codes, _Values
-    (whose kernel applies the Hadamard transform itself where it can).
+    (whose kernel applies the Hadamard transform itself where it can, and takes NVFP4's tensor
+    amax from `tensor_amax` where `_two_amaxes` gave it).
     """
     if op.scheme is not None and not codes and amax is None and _as_values(gemm, t):
         return _Values(*kernels.quantized_values(t, op.scheme, rounding=op.rounding, axis=axis,
-                                                 hadamard=gemm.hadamard))
+                                                 hadamard=gemm.hadamard, tensor_amax=tensor_amax))
     if gemm.hadamard is not None:
         t = gemm.hadamard.transform(t, dim=axis)
     if op.scheme is None:
         return (t if axis == 1 else t.t()).to(dtype)
     return kernels.quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax)
+
+
+def _two_amaxes(t: torch.Tensor, rows: Operand, rows_gemm: Gemm, cols: Operand, cols_gemm: Gemm, amax=None):
+    """NVFP4's two tensor amaxes of the 2-D tensor t in one read (`kernels.two_amaxes`), or None:
+    [0] that of t for the operand quantized along its rows (`rows`, of `rows_gemm`: the
+    forward's input, dgrad's gradient), [1] that of t's Hadamard-transformed columns for the
+    operand of the weight-gradient GEMM (`cols`, of `cols_gemm`) — where both are two-level
+    values made by the one kernel, with no amax override. Each values kernel then reads t once
+    instead of twice."""
+    a, b = rows.scheme, cols.scheme
+    if (amax is not None or a is None or b is None or rows_gemm.hadamard is not None
+            or not (get_scheme(a).two_level and get_scheme(b).two_level)
+            or not (_as_values(rows_gemm, t) and _as_values(cols_gemm, t))
+            or not all(kernels.two_amaxes_in_one_read(t, s, cols_gemm.hadamard) for s in (a, b))):
+        return None
+    return kernels.two_amaxes(t, cols_gemm.hadamard)
 
 
 def _transposable(p: Operand, p_gemm: Gemm, q: Operand, q_gemm: Gemm) -> bool:
@@ -162,16 +186,31 @@ class _SharedOperands:
     def __init__(self, size: int = 2):
         self.size, self.entries, self.enabled = size, [], True
 
-    def prepare(self, t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None, codes: bool = False):
+    def prepare(self, t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None, codes: bool = False,
+                tensor_amax=None):
         if (not self.enabled or amax is not None or op.rounding != "nearest"
                 or torch.compiler.is_compiling()):
-            return _prepare(t, op, gemm, axis, dtype, amax, codes)
+            return _prepare(t, op, gemm, axis, dtype, amax, codes, tensor_amax)
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
                t.dtype, t._version, op.scheme, gemm.hadamard, axis, dtype, codes or not _as_values(gemm, t))
         for k, _source, prepared in self.entries:
             if k == key:
                 return prepared
-        prepared = _prepare(t, op, gemm, axis, dtype, amax, codes)
+        prepared = _prepare(t, op, gemm, axis, dtype, amax, codes, tensor_amax)
+        self.entries = [(key, t, prepared), *self.entries[: self.size - 1]]
+        return prepared
+
+    def two_amaxes(self, t: torch.Tensor, rows: Operand, rows_gemm: Gemm, cols: Operand, cols_gemm: Gemm,
+                   amax=None):
+        """_two_amaxes(...), found once for the Linears that read the same tensor."""
+        if not self.enabled or torch.compiler.is_compiling():
+            return _two_amaxes(t, rows, rows_gemm, cols, cols_gemm, amax)
+        key = ("two amaxes", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+               t.dtype, t._version, rows.scheme, cols.scheme, cols_gemm.hadamard, amax is None)
+        for k, _source, prepared in self.entries:
+            if k == key:
+                return prepared
+        prepared = _two_amaxes(t, rows, rows_gemm, cols, cols_gemm, amax)
         self.entries = [(key, t, prepared), *self.entries[: self.size - 1]]
         return prepared
 
@@ -278,8 +317,13 @@ class _QuantizedLinearFn(torch.autograd.Function):
             weight = quantize(weight, qat.scheme, rounding=qat.rounding).dequantize(weight.dtype)
 
         # ---- fprop: output = input @ weight_t ------------------------- (M, K) · (N, K)ᵀ
-        fp = recipe.fprop
-        a = SHARED_OPERANDS.prepare(x2, fp.a, fp, 1, dt, amax_in)
+        fp, wg = recipe.fprop, recipe.wgrad
+        # NVFP4: the input's tensor amax and its transformed columns' (for wgrad) in one read
+        x_amaxes = None
+        if ctx.needs_input_grad[1] and not cfg.save_quantized_input:
+            x_amaxes = SHARED_OPERANDS.two_amaxes(x2, fp.a, fp, wg.b, wg, amax_in)
+        a = SHARED_OPERANDS.prepare(x2, fp.a, fp, 1, dt, amax_in,
+                                    tensor_amax=x_amaxes[0] if x_amaxes is not None else None)
         if w_fprop is not None:  # prepared before this (compiled) graph: an input
             b = w_fprop
         elif recipe.weight_qat is not None:  # Q(W) is a new tensor each call: nothing to reuse
@@ -294,7 +338,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
             state.record("weight", weight)
 
         # save what the backward GEMMs need, and nothing else
-        wg, dg = recipe.wgrad, recipe.dgrad
+        dg = recipe.dgrad
         ctx.input_q = ctx.input_t = None
         if isinstance(a, QuantizedTensor) and _transposable(fp.a, fp, wg.b, wg):
             ctx.input_q = replace(a, data=None, scale=None)  # wgrad transposes these codes
@@ -306,6 +350,10 @@ class _QuantizedLinearFn(torch.autograd.Function):
         else:
             saved = [weight, x2]  # as given (a converted model's activations are already in
             # the compute dtype)
+        ctx.x_amax_at = None
+        if x_amaxes is not None:  # wgrad's tensor amax of the input, after the input's tensors
+            ctx.x_amax_at = len(saved)
+            saved.append(x_amaxes[1])
         # In a compiled graph, dgrad's column-wise weight takes the forward's one scale (the
         # weight is unchanged, so its amax is too) instead of reading the fp32 weight again for
         # its amax; eagerly the fused kernels make it, or the weight cache keeps it.
@@ -338,11 +386,14 @@ class _QuantizedLinearFn(torch.autograd.Function):
         amax_g = state.amax_for("grad_output") if state is not None else None
         grad_input = grad_weight = grad_bias = None
         g_rows = None  # grad_output's row-wise operand, when dgrad makes one
+        dg, wg = recipe.dgrad, recipe.wgrad
+        # NVFP4: grad_output's tensor amax and its transformed columns' in one read
+        g_amaxes = _two_amaxes(g2, dg.a, dg, wg.a, wg, amax_g) if ctx.needs_input_grad[1] else None
 
         # ---- dgrad: grad_input = grad_output @ weight ------------------ (M, N) · (K, N)ᵀ
         if ctx.needs_input_grad[0]:
-            dg = recipe.dgrad
-            a = g_rows = _prepare(g2, dg.a, dg, 1, dt, amax_g)
+            a = g_rows = _prepare(g2, dg.a, dg, 1, dt, amax_g,
+                                  tensor_amax=g_amaxes[0] if g_amaxes is not None else None)
             if ctx.w_dgrad is not None:  # prepared with the fprop operand
                 data, scale, tensor_scale = ctx.saved_tensors[-3:]
                 b = replace(ctx.w_dgrad, data=data, scale=scale, tensor_scale=tensor_scale)
@@ -359,11 +410,10 @@ class _QuantizedLinearFn(torch.autograd.Function):
 
         # ---- wgrad: grad_weight = grad_output_t @ input ---------------- (N, M) · (K, M)ᵀ
         if ctx.needs_input_grad[1]:
-            wg, dg = recipe.wgrad, recipe.dgrad
             if isinstance(g_rows, QuantizedTensor) and _transposable(dg.a, dg, wg.a, wg):
                 a = _transpose(g_rows)  # the same codes, column-wise
-            else:
-                a = _prepare(g2, wg.a, wg, 0, dt, amax_g)  # column-wise: along tokens
+            else:  # column-wise: along tokens
+                a = _prepare(g2, wg.a, wg, 0, dt, amax_g, tensor_amax=g_amaxes[1] if g_amaxes is not None else None)
             if ctx.input_q is not None:  # the forward's codes, transposed
                 data, scale = ctx.saved_tensors[1:3]
                 b = SHARED_OPERANDS.transposed(replace(ctx.input_q, data=data, scale=scale))
@@ -371,7 +421,8 @@ class _QuantizedLinearFn(torch.autograd.Function):
                 data, scale, tensor_scale = ctx.saved_tensors[1:4]
                 b = replace(ctx.input_t, data=data, scale=scale, tensor_scale=tensor_scale)
             else:
-                b = SHARED_OPERANDS.prepare(ctx.saved_tensors[1], wg.b, wg, 0, dt, ctx.amax_in)
+                x_amax = ctx.saved_tensors[ctx.x_amax_at] if ctx.x_amax_at is not None else None
+                b = SHARED_OPERANDS.prepare(ctx.saved_tensors[1], wg.b, wg, 0, dt, ctx.amax_in, tensor_amax=x_amax)
             grad_weight = _matmul(a, b, weight.dtype, recipe, cfg.native, wg)
 
         if state is not None:

@@ -344,6 +344,21 @@ def _saves_weight_values(recipe: Recipe) -> bool:
             and emulated_in_bf16(get_scheme(fp.a.scheme), get_scheme(fp.b.scheme)))
 
 
+def _saves_two_amaxes(recipe: Recipe, rows: int) -> bool:
+    """Whether the recipe's Linears keep, beside an input of `rows` tokens, the two tensor amaxes
+    found in one read of it (linear.py: NVFP4, whose weight-gradient GEMM transforms the input
+    along the tokens by a Hadamard transform the values kernel applies itself — on a GPU)."""
+    from .gemm import emulated_in_bf16
+
+    fp, wg = recipe.fprop, recipe.wgrad
+    if recipe.delayed is not None or fp.hadamard is not None or wg.hadamard is None:
+        return False
+    schemes = [get_scheme(s) if s is not None else None for s in (fp.a.scheme, fp.b.scheme, wg.a.scheme, wg.b.scheme)]
+    return (None not in schemes and schemes[0].two_level and schemes[3].two_level
+            and emulated_in_bf16(schemes[0], schemes[1]) and emulated_in_bf16(schemes[2], schemes[3])
+            and schemes[3].block == (1, wg.hadamard.size) and rows % wg.hadamard.size == 0)
+
+
 def _saved_input(recipe: Recipe, rows: int, cols: int, save_quantized: bool) -> dict[str, int]:
     """Bytes by dtype that a Linear saves of its (rows, cols) input."""
     from .quantize import quantized_nbytes
@@ -351,6 +366,8 @@ def _saved_input(recipe: Recipe, rows: int, cols: int, save_quantized: bool) -> 
     c = recipe.compute_dtype.itemsize
     if not recipe.quantized or recipe.wgrad.b.scheme is None:
         return {"compute": c * rows * cols}
+    if not save_quantized and _saves_two_amaxes(recipe, rows):  # the input, its two amaxes (fp32)
+        return {"compute": c * rows * cols, "float32": 8}
     if _saves_codes(recipe):  # the forward codes and a 4-byte scale
         return {"uint8": rows * cols, "float32": 4}
     if save_quantized:  # the column-wise copy the weight-gradient GEMM uses: codes and scales

@@ -8,8 +8,9 @@
 
 Inside graphs torch.compile traces, the reference's operations are compiled instead, except the
 bf16 values of emulated GEMM operands, which come from the one-pass kernel called as an operator
-(`values_in_one_kernel`), and the transposed copies of one-byte codes, which come from the tiled
-transpose kernel called as an operator (`transpose_in_one_kernel`).
+(`values_in_one_kernel`), the transposed copies of one-byte codes, which come from the tiled
+transpose kernel called as an operator (`transpose_in_one_kernel`), and NVFP4's two tensor
+amaxes of an input or a gradient, found in one read by an operator (`two_amaxes`).
 
 `quantize()` here takes the reference's arguments and returns the reference's bits, and
 `dequantize_matrix()` gives `QuantizedTensor.dequantize_matrix`'s values in one kernel
@@ -153,8 +154,9 @@ def _registry_scheme(scheme) -> bool:
 # a compiled step calls the values operator hundreds of times, and custom_op's Python wrapper
 # (autograd and aliasing checks) cost several times the dispatch of a plain registration.
 _LIB = torch.library.Library("fewerbits", "DEF")
-_LIB.define("rowblock_values(Tensor X, str scheme, str scale_rule, Tensor? seed, int[] hadamard_signs) "
-            "-> (Tensor, Tensor)")
+_LIB.define("rowblock_values(Tensor X, str scheme, str scale_rule, Tensor? seed, int[] hadamard_signs, "
+            "Tensor? tensor_amax=None) -> (Tensor, Tensor)")
+_LIB.define("two_amaxes(Tensor X, int[] hadamard_signs) -> Tensor")
 _LIB.define("transpose_codes(Tensor x) -> Tensor")
 
 
@@ -170,30 +172,40 @@ def _hadamard_of(signs):
 
 
 def _rowblock_values(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.Tensor | None,
-                     hadamard_signs) -> tuple[torch.Tensor, torch.Tensor]:
+                     hadamard_signs, tensor_amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The one-kernel values of the (R, C) matrix X as an operator for compiled graphs: (the bf16
     values, the per-tensor decode scale (NVFP4), else an empty tensor); with hadamard_signs,
-    the values of the Hadamard transform with those signs, applied by the kernel."""
+    the values of the Hadamard transform with those signs, applied by the kernel; with
+    tensor_amax, NVFP4's tensor amax given (`two_amaxes`)."""
     from . import rowblock
 
     values, _, s_dec = rowblock.quantize_rowblocks(X, get_scheme(scheme, scale_rule), seed, values=True,
-                                                   hadamard=_hadamard_of(hadamard_signs))
+                                                   hadamard=_hadamard_of(hadamard_signs), tensor_amax=tensor_amax)
     return values, s_dec if s_dec is not None else X.new_empty((0,), dtype=torch.float32)
 
 
-def _rowblock_values_fake(X, scheme, scale_rule, seed, hadamard_signs):
+def _two_amaxes(X: torch.Tensor, hadamard_signs) -> torch.Tensor:
+    from . import rowblock
+
+    return rowblock.two_amaxes(X, _hadamard_with(tuple(hadamard_signs)))
+
+
+def _rowblock_values_fake(X, scheme, scale_rule, seed, hadamard_signs, tensor_amax=None):
     shape = () if get_scheme(scheme).two_level else (0,)
     return X.new_empty(X.shape, dtype=torch.bfloat16), X.new_empty(shape, dtype=torch.float32)
 
 
-def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=None, axis=-1, hadamard=None):
+def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=None, axis=-1, hadamard=None,
+                     tensor_amax: torch.Tensor | None = None):
     """(bf16 matrix, per-tensor decode scale or None): the values an emulated GEMM multiplies —
     `quantize(x, ...).dequantize_matrix(bf16, tensor_scale=False)` and its `tensor_scale` — for
     a scheme whose values are exact in bf16; with `hadamard`, those of
     `hadamard.transform(x, dim=axis)`. 1 × bc and square blocks on the Triton backend make them
     in one kernel that never stores the codes (`values_in_one_kernel`), which applies the
     transform itself where its size is the block's (`rowblock.hadamard_fusable`); otherwise
-    transform, quantize, then dequantize."""
+    transform, quantize, then dequantize. tensor_amax: for NVFP4, the amax of what is quantized
+    (x, or its transform), from `two_amaxes`; the one kernel then reads x once instead of twice
+    (elsewhere it is not needed: the reference finds the same amax itself)."""
     scheme_ = get_scheme(scheme)
     if values_in_one_kernel(x, scheme_):
         from . import rowblock
@@ -203,15 +215,45 @@ def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=N
             x, hadamard = hadamard.transform(x, dim=ax), None
         _, X, seed = _matrix_and_seed(x, rounding, generator, ax)
         if uses_triton(x):
-            values, _, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, seed, values=True, hadamard=hadamard)
+            values, _, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, seed, values=True, hadamard=hadamard,
+                                                                  tensor_amax=tensor_amax)
             return values, tensor_scale
         signs = list(hadamard.sign_vector()) if hadamard is not None else []
-        values, tensor_scale = torch.ops.fewerbits.rowblock_values(X, scheme_.name, scheme_.scale_rule, seed, signs)
+        values, tensor_scale = torch.ops.fewerbits.rowblock_values(X, scheme_.name, scheme_.scale_rule, seed, signs,
+                                                                   tensor_amax)
         return values, tensor_scale if scheme_.two_level else None
     if hadamard is not None:
         x = hadamard.transform(x, dim=axis)
     q = quantize(x, scheme_, rounding=rounding, generator=generator, axis=axis)
     return dequantize_matrix(q, torch.bfloat16, tensor_scale=False), q.tensor_scale
+
+
+def two_amaxes_in_one_read(x: torch.Tensor, scheme, hadamard) -> bool:
+    """Whether `two_amaxes` serves x (2-D, (R, C)) for `scheme`: a two-level scheme (NVFP4) whose
+    values come from the one kernel (`values_in_one_kernel`), quantized along C as it is and
+    along R under `hadamard`, which the kernel applies itself (its size the block's, R a
+    multiple of it)."""
+    if hadamard is None or x.dim() != 2 or not values_in_one_kernel(x, scheme):
+        return False
+    from . import rowblock
+
+    scheme = get_scheme(scheme)
+    return scheme.two_level and rowblock.hadamard_fusable(scheme, hadamard, x.shape[0])
+
+
+def two_amaxes(x: torch.Tensor, hadamard) -> torch.Tensor:
+    """fp32 [max |x|, max |hadamard.transform(x.t())|] of a 2-D tensor in one read (NaN
+    propagating; `two_amaxes_in_one_read` says where): NVFP4's tensor amaxes of a tensor that
+    one GEMM quantizes along its rows and another, under a Hadamard transform, along its
+    columns (an input for the forward and weight-gradient GEMMs, a gradient for the input- and
+    weight-gradient GEMMs) — passed to `quantized_values` as `tensor_amax`. In a compiled graph
+    the kernel runs as the operator `fewerbits::two_amaxes`."""
+    from . import rowblock
+
+    x = x.detach()
+    if uses_triton(x):
+        return rowblock.two_amaxes(x, hadamard)
+    return torch.ops.fewerbits.two_amaxes(x, list(hadamard.sign_vector()))
 
 
 def transpose_in_one_kernel(x: torch.Tensor) -> bool:
@@ -236,7 +278,10 @@ def _transpose_codes(x: torch.Tensor) -> torch.Tensor:
 for _key in ("CPU", "CUDA"):
     _LIB.impl("rowblock_values", _rowblock_values, _key)
     _LIB.impl("transpose_codes", _transpose_codes, _key)
+    _LIB.impl("two_amaxes", _two_amaxes, _key)
 torch.library.register_fake("fewerbits::rowblock_values", _rowblock_values_fake, lib=_LIB)
+torch.library.register_fake("fewerbits::two_amaxes", lambda X, signs: X.new_empty((2,), dtype=torch.float32),
+                            lib=_LIB)
 torch.library.register_fake("fewerbits::transpose_codes", lambda x: x.new_empty((x.shape[1], x.shape[0])), lib=_LIB)
 
 
@@ -267,4 +312,4 @@ def dequantize_matrix(q: QuantizedTensor, dtype: torch.dtype = torch.float32, *,
 
 __all__ = ["BACKENDS", "set_backend", "backend", "triton_available", "uses_triton", "quantize",
            "quantized_values", "values_in_one_kernel", "dequantize_matrix", "transpose_codes",
-           "transpose_in_one_kernel"]
+           "transpose_in_one_kernel", "two_amaxes", "two_amaxes_in_one_read"]

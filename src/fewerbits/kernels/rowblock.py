@@ -244,6 +244,134 @@ def _hadamard_amax_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, row_stride, sign
     tl.atomic_max(amax_bits_ptr, bits)
 
 
+@triton.jit
+def _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, k: tl.constexpr, X_BF16: tl.constexpr):
+    """Row r + k of X over `cols` as fp32 (0 past its end) — and as its |x| bit pattern — then
+    times sign k of the transform."""
+    inside = cols < tl.where(r + k < R, C, 0)
+    if X_BF16:
+        x = (tl.load(x_ptr + (r + k) * sxr + cols * sxc, mask=inside, other=0).to(tl.int32) << 16).to(
+            tl.float32, bitcast=True)
+    else:
+        x = tl.load(x_ptr + (r + k) * sxr + cols * sxc, mask=inside, other=0.0).to(tl.float32)
+    return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, x * tl.load(signs_ptr + k)
+
+
+@triton.jit
+def _pair(a, b):
+    """One butterfly step: (a + b, a − b)."""
+    return a + b, a - b
+
+
+@triton.jit
+def _bits_max(a, b, c, d):
+    return tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
+
+
+@triton.jit
+def _abs_bits(x):
+    return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _two_amaxes_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, signs_ptr, h_scale, TILE_C: tl.constexpr,
+                       GROUPS: tl.constexpr, X_BF16: tl.constexpr):
+    """Two amaxes of the (R, C) matrix X in one read, as largest |x| bit patterns (NaN above
+    inf) by atomic maxima into amax_bits_ptr[0:2] (int32, starting at 0): of X, and of the
+    16-point Hadamard transform of Xᵀ's rows — of every block of 16 rows of X down each column.
+
+    A program reads GROUPS blocks of 16 rows over TILE_C columns, one row at a time as a vector
+    (rows past R load as 0: the transform's zero padding), so each thread holds whole columns
+    and the butterfly is hadamard.py's, pair by pair in registers: the signs, the stages
+    s = 1, 2, 4, 8, each replacing rows (i, i + s) by (sum, difference). The product by
+    fp32(1/4) comes after the maximum: multiplying by a positive number and rounding is
+    monotone, so the largest product is the product of the largest."""
+    cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
+    plain = tl.zeros((TILE_C,), dtype=tl.int32)
+    transformed = tl.zeros((TILE_C,), dtype=tl.int32)
+    for g in range(GROUPS):
+        r = (tl.program_id(0) * GROUPS + g) * 16
+        a0, x0 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 0, X_BF16)
+        a1, x1 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 1, X_BF16)
+        a2, x2 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 2, X_BF16)
+        a3, x3 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 3, X_BF16)
+        a4, x4 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 4, X_BF16)
+        a5, x5 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 5, X_BF16)
+        a6, x6 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 6, X_BF16)
+        a7, x7 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 7, X_BF16)
+        a8, x8 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 8, X_BF16)
+        a9, x9 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 9, X_BF16)
+        a10, x10 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 10, X_BF16)
+        a11, x11 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 11, X_BF16)
+        a12, x12 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 12, X_BF16)
+        a13, x13 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 13, X_BF16)
+        a14, x14 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 14, X_BF16)
+        a15, x15 = _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, 15, X_BF16)
+        plain = tl.maximum(plain, tl.maximum(_bits_max(a0, a1, a2, a3), _bits_max(a4, a5, a6, a7)))
+        plain = tl.maximum(plain, tl.maximum(_bits_max(a8, a9, a10, a11), _bits_max(a12, a13, a14, a15)))
+        # stage 1: pairs (i, i + 1)
+        x0, x1 = _pair(x0, x1)
+        x2, x3 = _pair(x2, x3)
+        x4, x5 = _pair(x4, x5)
+        x6, x7 = _pair(x6, x7)
+        x8, x9 = _pair(x8, x9)
+        x10, x11 = _pair(x10, x11)
+        x12, x13 = _pair(x12, x13)
+        x14, x15 = _pair(x14, x15)
+        # stage 2: pairs (i, i + 2)
+        x0, x2 = _pair(x0, x2)
+        x1, x3 = _pair(x1, x3)
+        x4, x6 = _pair(x4, x6)
+        x5, x7 = _pair(x5, x7)
+        x8, x10 = _pair(x8, x10)
+        x9, x11 = _pair(x9, x11)
+        x12, x14 = _pair(x12, x14)
+        x13, x15 = _pair(x13, x15)
+        # stage 4: pairs (i, i + 4)
+        x0, x4 = _pair(x0, x4)
+        x1, x5 = _pair(x1, x5)
+        x2, x6 = _pair(x2, x6)
+        x3, x7 = _pair(x3, x7)
+        x8, x12 = _pair(x8, x12)
+        x9, x13 = _pair(x9, x13)
+        x10, x14 = _pair(x10, x14)
+        x11, x15 = _pair(x11, x15)
+        # stage 8: pairs (i, i + 8)
+        x0, x8 = _pair(x0, x8)
+        x1, x9 = _pair(x1, x9)
+        x2, x10 = _pair(x2, x10)
+        x3, x11 = _pair(x3, x11)
+        x4, x12 = _pair(x4, x12)
+        x5, x13 = _pair(x5, x13)
+        x6, x14 = _pair(x6, x14)
+        x7, x15 = _pair(x7, x15)
+        m = tl.maximum(_bits_max(_abs_bits(x0), _abs_bits(x1), _abs_bits(x2), _abs_bits(x3)),
+                       _bits_max(_abs_bits(x4), _abs_bits(x5), _abs_bits(x6), _abs_bits(x7)))
+        m = tl.maximum(m, tl.maximum(_bits_max(_abs_bits(x8), _abs_bits(x9), _abs_bits(x10), _abs_bits(x11)),
+                                     _bits_max(_abs_bits(x12), _abs_bits(x13), _abs_bits(x14), _abs_bits(x15))))
+        transformed = tl.maximum(transformed, m)
+    tl.atomic_max(amax_bits_ptr, tl.max(plain, axis=0))
+    largest = tl.max(transformed, axis=0).to(tl.float32, bitcast=True) * h_scale
+    tl.atomic_max(amax_bits_ptr + 1, largest.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+
+
+def two_amaxes(X: torch.Tensor, hadamard, *, tile_c: int = 1024, groups: int = 4,
+               num_warps: int = 4) -> torch.Tensor:
+    """fp32 [amax of X, amax of `hadamard.transform(X.t())`] of the (R, C) matrix X, NaN
+    propagating, in one read: NVFP4's two tensor amaxes of a tensor quantized along its rows
+    and, under the weight-gradient GEMM's 16-point transform, along its columns."""
+    if hadamard.size != 16:
+        raise ValueError(f"two_amaxes takes a 16-point Hadamard transform (NVFP4's block), not {hadamard.size}")
+    R, C = X.shape
+    bits = torch.zeros(2, dtype=torch.int32, device=X.device)
+    if X.numel():
+        grid = (triton.cdiv(R, 16 * groups), triton.cdiv(C, tile_c))
+        _two_amaxes_kernel[grid](_bits(X), bits, R, C, X.stride(0), X.stride(1), hadamard.signs_tensor(X.device),
+                                 hadamard.scale, TILE_C=tile_c, GROUPS=groups, X_BF16=X.dtype == torch.bfloat16,
+                                 num_warps=num_warps)
+    return bits.view(torch.float32)
+
+
 def _bits(X: torch.Tensor) -> torch.Tensor:
     """bf16 input as its int16 bit patterns (the kernel widens them); other dtypes as they are."""
     return X.view(torch.int16) if X.dtype == torch.bfloat16 else X
@@ -309,7 +437,7 @@ def default_tile(as_rows: bool) -> tuple[int, int, int | None]:
 def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None, *,
                        tile_r: int | None = None, tile_c: int | None = None, values: bool = False, hadamard=None,
                        num_warps: int | None = None, as_rows: bool | None = None,
-                       transpose_first: bool | None = None):
+                       transpose_first: bool | None = None, tensor_amax: torch.Tensor | None = None):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Scales are stored as QuantizedTensor stores them: uint8 codes for E8M0 / E4M3, else fp32.
@@ -324,6 +452,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     `column_read_transposed_first`; the same bits again).
     tile_r, tile_c, num_warps: the tile one program quantizes and its warps (default:
     `default_tile`; a square-block tile is one block row).
+    tensor_amax: NVFP4's tensor amax (fp32, 0-d) where the caller has it already — that of X,
+    or of its transform under `hadamard` (`two_amaxes`) — instead of a pass over X for it.
     """
     R, C = X.shape
     elem, (br, bc) = scheme.elem, scheme.block
@@ -349,13 +479,15 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     rows, cols, warps = default_tile(as_rows)
     tile_r = br if br > 1 else tile_r or rows  # a square-block tile is one block row
     tile_c, num_warps = tile_c or cols, num_warps or warps
-    s_dec = None
+    s_dec, given_amax = None, tensor_amax
     tensor_amax = scales  # not read unless two-level
     if scheme.two_level:  # the tensor's amax (the kernel takes the tensor level from it, as
         # scaling.py does), and the decode scale s_dec the kernel stores
         if X.numel() == 0:  # as the reference: the tensor level of an amax of 0
             return codes, scales, two_level_tensor_scales(X.new_zeros(()), elem, scheme.scale_fmt)[1]
-        if hadamard is None:  # the max of |x| in one reduction: exact, NaN propagating
+        if given_amax is not None:
+            tensor_amax = given_amax.reshape(())
+        elif hadamard is None:  # the max of |x| in one reduction: exact, NaN propagating
             tensor_amax = torch.linalg.vector_norm(X, ord=float("inf")).float()
         else:  # the max over the transformed blocks, by the transform's own kernel
             bits = torch.zeros((), dtype=torch.int32, device=X.device)
