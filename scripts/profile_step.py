@@ -30,7 +30,8 @@ from fewerbits.models import Llama, get_preset
 from fewerbits.train.precision import apply_recipe
 
 KINDS = [  # (kind, pattern on the kernel name), first match wins
-    ("optimizer", r"foreach|multi_tensor|adam"),  # the fused AdamW is a Triton kernel
+    # the fused AdamW is a Triton kernel (named for AdamW, not "adam": "_hadamard_" holds that)
+    ("optimizer", r"foreach|multi_tensor|adamw"),
     ("triton", r"^triton_|_kernel$"),  # inductor names a kernel by its ops, "_scaled_mm" too
     ("fp8 gemm", r"^nvjet_sm90_q|f8|e4m3|fp8|scaled_mm|Float8"),  # cuBLAS's nvjet "q": FP8 operands
     ("gemm", r"gemm|cutlass|sm90_xmma|nvjet|wgmma|cublas"),
