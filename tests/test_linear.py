@@ -658,6 +658,12 @@ def test_emulated_gemms_multiply_values_made_without_codes(recipe, monkeypatch):
                 # (48 rows: whole blocks of the transform) served the four GEMM operands made from
                 # them; the weights find their own (once: dgrad multiplies fprop's values)
                 assert sorted(given) == [False] * 2 + [True] * 8
+                given.clear()
+                with torch.no_grad():  # no backward follows: no transformed amax to find
+                    run_forward = nn.Sequential(nn.Linear(64, 96)).to(device)
+                    fb.convert(run_forward, recipe, policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
+                    run_forward(x)
+                assert given == [False, False]  # the input and the weight, each finding its own
             with monkeypatch.context() as m:
                 m.setattr(L, "_as_values", lambda *a: False)
                 out_b, grads_b = run(save_quantized, cache)

@@ -269,6 +269,7 @@ class _Config:
         self.save_quantized_input, self.state = save_quantized_input, state
         self.recompute_weight_values = recompute_weight_values
         self.cache_weight = False
+        self.grad_enabled = True  # set per forward: whether autograd records it (a backward may follow)
         self.weight_cache: dict = {}  # axis → (weight version, quantized weight)
         # prepare_weight: the fprop and dgrad weight operands without their tensors (which enter
         # the autograd function as inputs)
@@ -320,7 +321,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
         fp, wg = recipe.fprop, recipe.wgrad
         # NVFP4: the input's tensor amax and its transformed columns' (for wgrad) in one read
         x_amaxes = None
-        if ctx.needs_input_grad[1] and not cfg.save_quantized_input:
+        if cfg.grad_enabled and ctx.needs_input_grad[1] and not cfg.save_quantized_input:
             x_amaxes = SHARED_OPERANDS.two_amaxes(x2, fp.a, fp, wg.b, wg, amax_in)
         a = SHARED_OPERANDS.prepare(x2, fp.a, fp, 1, dt, amax_in,
                                     tensor_amax=x_amaxes[0] if x_amaxes is not None else None)
@@ -552,6 +553,7 @@ class QuantizedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.delayed_scaling is not None:
             self.delayed_scaling.recording = self.training and torch.is_grad_enabled()
+        self._config.grad_enabled = torch.is_grad_enabled()  # (the autograd function's forward runs without)
         prepared = self._prepared
         if prepared and not torch.compiler.is_compiling() and self.weight._version != self._prepared_version:
             raise RuntimeError("the weight changed after prepare_weight(); call release_weight() before "

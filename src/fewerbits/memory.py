@@ -356,7 +356,7 @@ def _saves_two_amaxes(recipe: Recipe, rows: int) -> bool:
     schemes = [get_scheme(s) if s is not None else None for s in (fp.a.scheme, fp.b.scheme, wg.a.scheme, wg.b.scheme)]
     return (None not in schemes and schemes[0].two_level and schemes[3].two_level
             and emulated_in_bf16(schemes[0], schemes[1]) and emulated_in_bf16(schemes[2], schemes[3])
-            and schemes[3].block == (1, wg.hadamard.size) and rows % wg.hadamard.size == 0)
+            and schemes[0].block == schemes[3].block == (1, wg.hadamard.size) and rows % wg.hadamard.size == 0)
 
 
 def _saved_input(recipe: Recipe, rows: int, cols: int, save_quantized: bool) -> dict[str, int]:

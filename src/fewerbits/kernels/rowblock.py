@@ -24,7 +24,9 @@ stochastic rounding computes each element's noise from the reference's seed
 With a Hadamard transform whose size is the block's (mxfp4's 32, nvfp4's 16), the kernel
 transforms each block of the tile first, in hadamard.py's order of float32 operations, so the
 values are those of quantizing `Hadamard.transform(X)`; NVFP4's tensor amax of the transformed
-matrix comes from `_hadamard_amax_kernel`, a read-only pass of the same transform.
+matrix comes from `_hadamard_amax_kernel`, a read-only pass of the same transform, unless the
+caller gives it: `two_amaxes` finds a tensor's plain amax and that of its transposed transform
+in one read, for the two operands made of one input or gradient.
 """
 
 from __future__ import annotations
