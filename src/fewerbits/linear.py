@@ -135,18 +135,28 @@ def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=No
     return kernels.quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax)
 
 
+def _pairs_amaxes(rows: Operand, rows_gemm: Gemm, cols: Operand, cols_gemm: Gemm) -> bool:
+    """Whether one tensor's operands `rows` (of `rows_gemm`, quantized along the tensor's rows as
+    they are) and `cols` (of `cols_gemm`, along its columns under that GEMM's Hadamard transform)
+    can take their tensor amaxes from one read (`kernels.two_amaxes`): two-level schemes (NVFP4)
+    of 1 × h blocks, h the transform's size, and no transform on `rows_gemm`."""
+    a, b, h = rows.scheme, cols.scheme, cols_gemm.hadamard
+    if a is None or b is None or h is None or rows_gemm.hadamard is not None:
+        return False
+    a, b = get_scheme(a), get_scheme(b)
+    return a.two_level and b.two_level and a.block == b.block == (1, h.size)
+
+
 def _two_amaxes(t: torch.Tensor, rows: Operand, rows_gemm: Gemm, cols: Operand, cols_gemm: Gemm, amax=None):
     """NVFP4's two tensor amaxes of the 2-D tensor t in one read (`kernels.two_amaxes`), or None:
     [0] that of t for the operand quantized along its rows (`rows`, of `rows_gemm`: the
     forward's input, dgrad's gradient), [1] that of t's Hadamard-transformed columns for the
-    operand of the weight-gradient GEMM (`cols`, of `cols_gemm`) — where both are two-level
-    values made by the one kernel, with no amax override. Each values kernel then reads t once
-    instead of twice."""
-    a, b = rows.scheme, cols.scheme
-    if (amax is not None or a is None or b is None or rows_gemm.hadamard is not None
-            or not (get_scheme(a).two_level and get_scheme(b).two_level)
+    operand of the weight-gradient GEMM (`cols`, of `cols_gemm`) — where `_pairs_amaxes` says so,
+    both are values made by the one kernel, and no amax override applies. Each values kernel then
+    reads t once instead of twice."""
+    if (amax is not None or not _pairs_amaxes(rows, rows_gemm, cols, cols_gemm)
             or not (_as_values(rows_gemm, t) and _as_values(cols_gemm, t))
-            or not all(kernels.two_amaxes_in_one_read(t, s, cols_gemm.hadamard) for s in (a, b))):
+            or not all(kernels.two_amaxes_in_one_read(t, op.scheme, cols_gemm.hadamard) for op in (rows, cols))):
         return None
     return kernels.two_amaxes(t, cols_gemm.hadamard)
 

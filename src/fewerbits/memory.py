@@ -349,14 +349,13 @@ def _saves_two_amaxes(recipe: Recipe, rows: int) -> bool:
     found in one read of it (linear.py: NVFP4, whose weight-gradient GEMM transforms the input
     along the tokens by a Hadamard transform the values kernel applies itself — on a GPU)."""
     from .gemm import emulated_in_bf16
+    from .linear import _pairs_amaxes
 
     fp, wg = recipe.fprop, recipe.wgrad
-    if recipe.delayed is not None or fp.hadamard is not None or wg.hadamard is None:
+    if (recipe.delayed is not None or fp.b.scheme is None or wg.a.scheme is None
+            or not _pairs_amaxes(fp.a, fp, wg.b, wg) or rows % wg.hadamard.size):
         return False
-    schemes = [get_scheme(s) if s is not None else None for s in (fp.a.scheme, fp.b.scheme, wg.a.scheme, wg.b.scheme)]
-    return (None not in schemes and schemes[0].two_level and schemes[3].two_level
-            and emulated_in_bf16(schemes[0], schemes[1]) and emulated_in_bf16(schemes[2], schemes[3])
-            and schemes[0].block == schemes[3].block == (1, wg.hadamard.size) and rows % wg.hadamard.size == 0)
+    return all(emulated_in_bf16(get_scheme(g.a.scheme), get_scheme(g.b.scheme)) for g in (fp, wg))
 
 
 def _saved_input(recipe: Recipe, rows: int, cols: int, save_quantized: bool) -> dict[str, int]:
