@@ -212,11 +212,14 @@ class _SharedOperands:
 
     def two_amaxes(self, t: torch.Tensor, rows: Operand, rows_gemm: Gemm, cols: Operand, cols_gemm: Gemm,
                    amax=None):
-        """_two_amaxes(...), found once for the Linears that read the same tensor."""
+        """_two_amaxes(...), found once for the Linears that read the same tensor (nothing looked up
+        or kept for operands that never pair their amaxes)."""
+        if amax is not None or not _pairs_amaxes(rows, rows_gemm, cols, cols_gemm):
+            return None
         if not self.enabled or torch.compiler.is_compiling():
             return _two_amaxes(t, rows, rows_gemm, cols, cols_gemm, amax)
         key = ("two amaxes", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-               t.dtype, t._version, rows.scheme, cols.scheme, cols_gemm.hadamard, amax is None)
+               t.dtype, t._version, rows.scheme, cols.scheme, cols_gemm.hadamard)
         for k, _source, prepared in self.entries:
             if k == key:
                 return prepared
