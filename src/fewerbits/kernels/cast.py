@@ -15,6 +15,8 @@ arithmetic in the same order — the binade from the exponent field, the units a
 (e + bias − 1) · 2^M + units, saturated — and the stochastic noise is the reference's own
 int32 draw, passed in (kernels/rowblock.py computes it from the reference's seed instead,
 `_seed_noise`). Scales and amaxes are computed by the reference code before the kernel.
+`_round_values` (the values kernel's elements, no codes) rounds to nearest another way to the
+same values: one fp32 addition of a power of two whose spacing is the quantum.
 """
 
 from __future__ import annotations

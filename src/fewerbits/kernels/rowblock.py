@@ -196,7 +196,8 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
     if RULE == 0:  # an fp32 scale: the correctly rounded quotient
         v = tl.div_rn(x, f)
     else:  # the product: by NVFP4's enc, or by 2^−k, a power of two's exact reciprocal. (v is
-        # not added to before it is rounded, so no fma can take in the product. 2^−k made
+        # added to only through its absolute value, when the values kernel rounds it to
+        # nearest, so no fma can take in the product. 2^−k made
         # from −k by integer arithmetic instead of this division gave wrong E8M0 codes on the
         # H200 for the first block of a tile: docs/kernels-notes.md, v22)
         v = x * f
