@@ -123,9 +123,10 @@ def _mix32(x):
 @triton.jit
 def _seed_noise(seed_ptr, rows, cols, C):
     """rounding.noise_bits of the seed at *seed_ptr for the elements (rows, cols) of an (R, C)
-    matrix (int32 on [0, 2^24)): element i = row · C + col, modulo 2^32."""
+    matrix (int32 on [0, 2^24)): element i = row · C + col, modulo 2^32 — computed in uint32,
+    whose products and sums wrap modulo 2^32 as the index's reduction would (no 64-bit product)."""
     seed = tl.load(seed_ptr).to(tl.uint32)
-    i = (rows.to(tl.int64) * C + cols).to(tl.uint32)
+    i = rows.to(tl.uint32) * tl.cast(C, tl.uint32) + cols.to(tl.uint32)
     return (_mix32(_mix32(i) ^ seed) >> 8).to(tl.int32)
 
 
