@@ -252,6 +252,31 @@ def test_compiled_emulated_gemms_take_their_values_from_the_one_kernel(name, mon
     assert same
 
 
+def test_compiled_block_casts_take_their_codes_from_the_one_kernel(monkeypatch):
+    """In a compiled graph the FP8 1x128 and 128x128 codes come from the one-read Triton kernel,
+    called as the operator fewerbits::rowblock_codes, not from inductor's fusion of the
+    reference's block amaxes, scales and codes: forward and backward are eager mode's bits, in
+    one graph (the kernel interpreted on a CPU, under the triton backend)."""
+    from fewerbits.kernels import rowblock
+
+    calls = []
+    real = rowblock.quantize_rowblocks
+
+    def counted(X, scheme, seed, **kwargs):
+        calls.append((scheme.name, kwargs.get("values", False)))
+        return real(X, scheme, seed, **kwargs)
+
+    monkeypatch.setattr(rowblock, "quantize_rowblocks", counted)
+    same, explained = compiled_under_triton("fp8_blockwise", calls)
+    codes = [n for n, values in calls if not values]
+    # forward: each Linear's input (1x128) and weight (128x128); backward: the second Linear's
+    # grad_output row- and column-wise and its weight column-wise (dgrad), the first's
+    # grad_output column-wise only (x needs no gradient), each input column-wise (wgrad)
+    assert codes.count("fp8_e4m3_1x128") == 7 and codes.count("fp8_e4m3_128x128") == 3, calls
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
+    assert same
+
+
 def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatch):
     """In a compiled graph the column-wise copies of per-tensor FP8 codes (wgrad's input and
     grad_output) come from the tiled transpose kernel, called as the operator
@@ -291,8 +316,8 @@ def test_compile_model_gives_eager_bits_through_inductor():
 @pytest.mark.parametrize("scheme", ["fp8_e4m3_tensor", "fp8_e4m3_1x128", "mxfp8_e4m3", "nvfp4"])
 @pytest.mark.parametrize("axis", [1, 0])
 def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme, axis):
-    """The quantizer compiled by inductor (C++ on a CPU; inside a compiled model on a GPU, where
-    the Triton fast paths stay out of the graph) gives the reference's bits, in the reference's
+    """The quantizer compiled by inductor (C++ on a CPU, where the auto backend keeps the Triton
+    kernels and their operators out of the graph) gives the reference's bits, in the reference's
     row-major layout (the native GEMMs read the codes by their strides); compiled, the element
     pass runs over all rows at once, eagerly in slices. Neither dimension fills its last block
     (inductor once miscompiled such a block: quantize._per_element)."""

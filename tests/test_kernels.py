@@ -36,6 +36,27 @@ def test_kernel_equals_reference(name, rule, axis):
     assert same(kernels.quantize(x, scheme, axis=axis), fb.quantize(x, scheme, axis=axis))
 
 
+@pytest.mark.parametrize("name, rule", [("fp8_e4m3_1x128", None), ("fp8_e4m3_128x128", None), ("mxfp8_e4m3", None),
+                                        ("mxfp4", "rceil")])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_the_codes_operator_gives_the_reference_codes_in_the_shapes_it_declares(name, rule, axis):
+    """fewerbits::rowblock_codes (the codes compiled graphs take from the one-read kernel) gives
+    the reference's codes and scales — NaN, inf and zeros in blocks that neither dimension
+    fills, row and column reads, 4-bit codes packed — and its fake form, which inductor plans
+    the graph's buffers with, declares the same shapes and dtypes."""
+    scheme = fb.get_scheme(name, rule)
+    x = torch.from_numpy(hard_matrix(300, 260, seed=8, specials=True)).to(DEVICE).bfloat16()
+    ref = fb.quantize(x, scheme, axis=axis)
+    X = x if axis == -1 else x.t()
+    codes, scales = torch.ops.fewerbits.rowblock_codes(X, scheme.name, scheme.scale_rule, None)
+    assert same(fb.QuantizedTensor(codes, scales, scheme, x.shape, ref.axis), ref)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = torch.ops.fewerbits.rowblock_codes(mode.from_tensor(X), scheme.name, scheme.scale_rule, None)
+    assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in (codes, scales)]
+
+
 @pytest.mark.parametrize("scheme", USER, ids=lambda s: s.describe())
 def test_kernel_equals_reference_for_user_schemes(scheme):
     x = torch.from_numpy(hard_matrix(40, 96, seed=2, specials=False)).to(DEVICE) * 0.01

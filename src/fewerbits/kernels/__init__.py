@@ -8,8 +8,9 @@
 
 Inside graphs torch.compile traces, the reference's operations are compiled instead, except the
 bf16 values of emulated GEMM operands, which come from the one-pass kernel called as an operator
-(`values_in_one_kernel`), the transposed copies of one-byte codes, which come from the tiled
-transpose kernel called as an operator (`transpose_in_one_kernel`), and NVFP4's two tensor
+(`values_in_one_kernel`), FP8's codes of 1x128 and 128x128 blocks, which come from the same
+kernel as another operator (`codes_in_one_kernel`), the transposed copies of one-byte codes,
+which come from the tiled transpose kernel called as an operator (`transpose_in_one_kernel`), and NVFP4's two tensor
 amaxes of an input or a gradient, found in one read by an operator (`two_amaxes`).
 
 `quantize()` here takes the reference's arguments and returns the reference's bits, and
@@ -72,8 +73,9 @@ def triton_available() -> bool:
 def uses_triton(x: torch.Tensor) -> bool:
     """Whether the Triton kernels run for x now. Never inside a graph torch.compile traces:
     its compiler fuses the reference's operations itself (into kernels of its own; the bits
-    are the reference's either way), except the values of `values_in_one_kernel` and the
-    transposes of `transpose_in_one_kernel`, which it calls as operators."""
+    are the reference's either way), except the values of `values_in_one_kernel`, the codes of
+    `codes_in_one_kernel` and the transposes of `transpose_in_one_kernel`, which it calls as
+    operators."""
     if _backend == "reference" or torch.compiler.is_compiling():
         return False
     return _backend == "triton" or (x.is_cuda and triton_available())
@@ -94,6 +96,11 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
     """`fewerbits.quantize` with Triton kernels where the backend says so (same arguments)."""
     kwargs = dict(scale_rule=scale_rule, rounding=rounding, generator=generator, axis=axis, amax=amax)
     if not uses_triton(x):
+        if amax is None and codes_in_one_kernel(x, get_scheme(scheme, scale_rule)):
+            scheme_ = get_scheme(scheme, scale_rule)
+            ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
+            codes, scales = torch.ops.fewerbits.rowblock_codes(X, scheme_.name, scheme_.scale_rule, seed)
+            return QuantizedTensor(codes, scales, scheme_, x.shape, ax)
         return reference_quantize(x, scheme, **kwargs)
     from . import rowblock
     from .cast import cast_codes
@@ -150,6 +157,27 @@ def _registry_scheme(scheme) -> bool:
             and named.scale_fmt == scheme.scale_fmt)
 
 
+def codes_in_one_kernel(x: torch.Tensor, scheme) -> bool:
+    """Whether a graph torch.compile traces quantizes x by the one-read kernel (kernels/rowblock.py),
+    called as the operator `fewerbits::rowblock_codes`, instead of compiling the reference's
+    operations: FP8 codes of 1 × bc or square blocks with fp32 scales (fp8_blockwise's 1x128
+    and 128x128), a registry scheme, on a CUDA tensor under the auto backend or any tensor
+    under the triton backend. The kernels inductor made of those block amaxes, scales and codes
+    (fused with the operations producing their tensors) took 37 ms of fp8_blockwise's 163-ms
+    step on the H200, one of them 1.5 ms a call for a layer's SwiGLU gradients
+    (docs/kernels-notes.md, v24). Outside compiled graphs `quantize` calls
+    the same kernel directly. (The operator takes any scheme the kernel does, 4-bit codes
+    packed; MX codes, which compiled graphs make only for a saved quantized input, stay
+    with inductor until timed.)"""
+    if not triton_available() or _backend == "reference" or not torch.compiler.is_compiling():
+        return False
+    from . import rowblock
+
+    scheme = get_scheme(scheme)
+    return (rowblock.supported(scheme) and not scheme.two_level and scheme.elem.bits == 8
+            and scheme.scale_fmt.bits == 32 and (_backend == "triton" or x.is_cuda) and _registry_scheme(scheme))
+
+
 # The operators are defined with torch.library.Library rather than torch.library.custom_op:
 # a compiled step calls the values operator hundreds of times, and custom_op's Python wrapper
 # (autograd and aliasing checks) cost several times the dispatch of a plain registration.
@@ -157,6 +185,7 @@ _LIB = torch.library.Library("fewerbits", "DEF")
 _LIB.define("rowblock_values(Tensor X, str scheme, str scale_rule, Tensor? seed, int[] hadamard_signs, "
             "Tensor? tensor_amax=None) -> (Tensor, Tensor)")
 _LIB.define("two_amaxes(Tensor X, int[] hadamard_signs) -> Tensor")
+_LIB.define("rowblock_codes(Tensor X, str scheme, str scale_rule, Tensor? seed) -> (Tensor, Tensor)")
 _LIB.define("transpose_codes(Tensor x) -> Tensor")
 
 
@@ -193,6 +222,23 @@ def _two_amaxes(X: torch.Tensor, hadamard_signs) -> torch.Tensor:
 def _rowblock_values_fake(X, scheme, scale_rule, seed, hadamard_signs, tensor_amax=None):
     shape = () if get_scheme(scheme).two_level else (0,)
     return X.new_empty(X.shape, dtype=torch.bfloat16), X.new_empty(shape, dtype=torch.float32)
+
+
+def _rowblock_codes(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.Tensor | None):
+    """`quantize`'s codes and stored block scales of the (R, C) matrix X by the one-read kernel,
+    as an operator for compiled graphs (`codes_in_one_kernel`)."""
+    from . import rowblock
+
+    codes, scales, _ = rowblock.quantize_rowblocks(X, get_scheme(scheme, scale_rule), seed)
+    return codes, scales
+
+
+def _rowblock_codes_fake(X, scheme, scale_rule, seed):
+    s = get_scheme(scheme, scale_rule)
+    (br, bc), (R, C) = s.block, X.shape
+    codes = X.new_empty((R, (C + 1) // 2 if s.elem.bits == 4 else C), dtype=torch.uint8)
+    scale_dtype = torch.uint8 if s.scale_fmt.bits <= 8 else torch.float32
+    return codes, X.new_empty((-(-R // br), -(-C // bc)), dtype=scale_dtype)
 
 
 def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=None, axis=-1, hadamard=None,
@@ -279,9 +325,11 @@ for _key in ("CPU", "CUDA"):
     _LIB.impl("rowblock_values", _rowblock_values, _key)
     _LIB.impl("transpose_codes", _transpose_codes, _key)
     _LIB.impl("two_amaxes", _two_amaxes, _key)
+    _LIB.impl("rowblock_codes", _rowblock_codes, _key)
 torch.library.register_fake("fewerbits::rowblock_values", _rowblock_values_fake, lib=_LIB)
 torch.library.register_fake("fewerbits::two_amaxes", lambda X, signs: X.new_empty((2,), dtype=torch.float32),
                             lib=_LIB)
+torch.library.register_fake("fewerbits::rowblock_codes", _rowblock_codes_fake, lib=_LIB)
 torch.library.register_fake("fewerbits::transpose_codes", lambda x: x.new_empty((x.shape[1], x.shape[0])), lib=_LIB)
 
 
@@ -311,5 +359,5 @@ def dequantize_matrix(q: QuantizedTensor, dtype: torch.dtype = torch.float32, *,
 
 
 __all__ = ["BACKENDS", "set_backend", "backend", "triton_available", "uses_triton", "quantize",
-           "quantized_values", "values_in_one_kernel", "dequantize_matrix", "transpose_codes",
+           "quantized_values", "values_in_one_kernel", "codes_in_one_kernel", "dequantize_matrix", "transpose_codes",
            "transpose_in_one_kernel", "two_amaxes", "two_amaxes_in_one_read"]
