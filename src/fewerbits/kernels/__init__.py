@@ -10,8 +10,9 @@ Inside graphs torch.compile traces, the reference's operations are compiled inst
 bf16 values of emulated GEMM operands, which come from the one-pass kernel called as an operator
 (`values_in_one_kernel`), FP8's codes of 1x128 and 128x128 blocks, which come from the same
 kernel as another operator (`codes_in_one_kernel`), the transposed copies of one-byte codes,
-which come from the tiled transpose kernel called as an operator (`transpose_in_one_kernel`), and NVFP4's two tensor
-amaxes of an input or a gradient, found in one read by an operator (`two_amaxes`).
+which come from the tiled transpose kernel called as an operator (`transpose_in_one_kernel`),
+and NVFP4's two tensor amaxes of an input or a gradient, found in one read by an operator
+(`two_amaxes`).
 
 `quantize()` here takes the reference's arguments and returns the reference's bits, and
 `dequantize_matrix()` gives `QuantizedTensor.dequantize_matrix`'s values in one kernel
@@ -96,8 +97,8 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
     """`fewerbits.quantize` with Triton kernels where the backend says so (same arguments)."""
     kwargs = dict(scale_rule=scale_rule, rounding=rounding, generator=generator, axis=axis, amax=amax)
     if not uses_triton(x):
-        if amax is None and codes_in_one_kernel(x, get_scheme(scheme, scale_rule)):
-            scheme_ = get_scheme(scheme, scale_rule)
+        scheme_ = get_scheme(scheme, scale_rule)
+        if amax is None and codes_in_one_kernel(x, scheme_):  # a compiled graph: the kernel's operator
             ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
             codes, scales = torch.ops.fewerbits.rowblock_codes(X, scheme_.name, scheme_.scale_rule, seed)
             return QuantizedTensor(codes, scales, scheme_, x.shape, ax)
@@ -165,10 +166,10 @@ def codes_in_one_kernel(x: torch.Tensor, scheme) -> bool:
     under the triton backend. The kernels inductor made of those block amaxes, scales and codes
     (fused with the operations producing their tensors) took 37 ms of fp8_blockwise's 163-ms
     step on the H200, one of them 1.5 ms a call for a layer's SwiGLU gradients
-    (docs/kernels-notes.md, v24). Outside compiled graphs `quantize` calls
-    the same kernel directly. (The operator takes any scheme the kernel does, 4-bit codes
-    packed; MX codes, which compiled graphs make only for a saved quantized input, stay
-    with inductor until timed.)"""
+    (docs/kernels-notes.md, v24). Outside compiled graphs `quantize` calls the same kernel
+    directly. (The operator takes any scheme the kernel does, 4-bit codes packed; MX codes,
+    which compiled graphs make only for a saved quantized input, stay with inductor until
+    timed.)"""
     if not triton_available() or _backend == "reference" or not torch.compiler.is_compiling():
         return False
     from . import rowblock
@@ -359,5 +360,5 @@ def dequantize_matrix(q: QuantizedTensor, dtype: torch.dtype = torch.float32, *,
 
 
 __all__ = ["BACKENDS", "set_backend", "backend", "triton_available", "uses_triton", "quantize",
-           "quantized_values", "values_in_one_kernel", "codes_in_one_kernel", "dequantize_matrix", "transpose_codes",
-           "transpose_in_one_kernel", "two_amaxes", "two_amaxes_in_one_read"]
+           "quantized_values", "values_in_one_kernel", "codes_in_one_kernel", "dequantize_matrix",
+           "transpose_codes", "transpose_in_one_kernel", "two_amaxes", "two_amaxes_in_one_read"]

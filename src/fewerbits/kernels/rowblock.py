@@ -433,8 +433,8 @@ def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, 
 
 def default_tile(as_rows: bool, values: bool = False) -> tuple[int, int, int | None]:
     """(rows, columns, warps) of a 1 × bc-block tile: for values, 32 × 128 at 4 warps, row read
-    or column read laid out as rows (v24: 5–16% faster than 16 × 128 and 16 × 256 at 8 warps
-    on the H200 for MXFP8 and NVFP4's operands, 1% slower for one); for codes, 16 × 128, or
+    or column read laid out as rows (on the H200, 1–16% faster than the tiles before it for
+    MXFP8's and NVFP4's large operands: docs/kernels-notes.md, v24); for codes, 16 × 128, or
     16 × 256 at 8 warps for a column read laid out as rows (v21). Warps None: 8 from 64 × 128
     elements up, else 4."""
     if values:
