@@ -145,7 +145,7 @@ def values_in_one_kernel(x: torch.Tensor, scheme) -> bool:
         return False
     if not torch.compiler.is_compiling():
         return uses_triton(x)
-    return (_backend == "triton" or x.is_cuda) and _registry_scheme(scheme)
+    return _graph_calls_operators(x) and _registry_scheme(scheme)
 
 
 def _registry_scheme(scheme) -> bool:
@@ -156,6 +156,13 @@ def _registry_scheme(scheme) -> bool:
     # torch.compile traces (torch 2.11: a dataclass made by dataclasses.replace)
     return (named is not None and named.elem == scheme.elem and named.block == scheme.block
             and named.scale_fmt == scheme.scale_fmt)
+
+
+def _graph_calls_operators(x: torch.Tensor) -> bool:
+    """Whether a graph torch.compile is tracing now calls the kernels' operators for x: Triton
+    importable, and x on a GPU under the auto backend or anywhere under the triton backend."""
+    return (triton_available() and _backend != "reference" and torch.compiler.is_compiling()
+            and (_backend == "triton" or x.is_cuda))
 
 
 def codes_in_one_kernel(x: torch.Tensor, scheme) -> bool:
@@ -170,13 +177,13 @@ def codes_in_one_kernel(x: torch.Tensor, scheme) -> bool:
     directly. (The operator takes any scheme the kernel does, 4-bit codes packed; MX codes,
     which compiled graphs make only for a saved quantized input, stay with inductor until
     timed.)"""
-    if not triton_available() or _backend == "reference" or not torch.compiler.is_compiling():
+    if not _graph_calls_operators(x):
         return False
     from . import rowblock
 
     scheme = get_scheme(scheme)
     return (rowblock.supported(scheme) and not scheme.two_level and scheme.elem.bits == 8
-            and scheme.scale_fmt.bits == 32 and (_backend == "triton" or x.is_cuda) and _registry_scheme(scheme))
+            and scheme.scale_fmt.bits == 32 and _registry_scheme(scheme))
 
 
 # The operators are defined with torch.library.Library rather than torch.library.custom_op:
@@ -310,9 +317,7 @@ def transpose_in_one_kernel(x: torch.Tensor) -> bool:
     fuses the transposed store into whatever kernel makes the codes; where that kernel is a
     row reduction (an RMSNorm backward that recomputes the forward's input codes), each byte
     is stored to another 32-byte sector (docs/kernels-notes.md, v18)."""
-    if not triton_available() or _backend == "reference" or not torch.compiler.is_compiling():
-        return False
-    return x.dim() == 2 and x.element_size() == 1 and (_backend == "triton" or x.is_cuda)
+    return _graph_calls_operators(x) and x.dim() == 2 and x.element_size() == 1
 
 
 def _transpose_codes(x: torch.Tensor) -> torch.Tensor:
