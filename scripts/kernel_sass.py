@@ -63,7 +63,7 @@ def tile(scheme_name: str, hadamard: bool, along: str) -> tuple[bool, int, int, 
     if copied_first(scheme_name, hadamard, along):
         along = "rows"
     view = torch.empty(16, 128) if along == "rows" else torch.empty(128, 16).t()
-    as_rows = rowblock.column_read_as_rows(view, s, True, Hadamard(s.block[1]) if hadamard else None)
+    as_rows = rowblock.column_read_as_rows(view, s, Hadamard(s.block[1]) if hadamard else None)
     rows, cols, warps = rowblock.default_tile(as_rows)
     return as_rows, rows, cols, warps or 4
 

@@ -236,20 +236,20 @@ def test_values_without_codes_equal_dequantized_codes(name, rounding):
             assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)
 
 
-@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4", "nvfp4", "fp8_e4m3_1x128"])
 def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeypatch):
     """A column read (a transposed view: the weight-gradient operands) gives the reference's
-    values whether the kernel lays the tile out in the memory's order or as a row read
-    (`rowblock.column_read_as_rows`, which takes its row stride unspecialized), or reads a
-    row-major copy by the tiled transpose (`column_read_transposed_first`): nearest and
-    stochastic rounding, with and without the recipes' Hadamard transforms, fp32 and bf16 input,
-    NaN/inf/zero/subnormal blocks, rows that do not fill a tile."""
+    values, and its codes and scales, whether the kernel lays the tile out in the memory's order
+    or as a row read (`rowblock.column_read_as_rows`, which takes its row stride unspecialized),
+    or reads a row-major copy by the tiled transpose (`column_read_transposed_first`): nearest
+    and stochastic rounding, with and without the recipes' Hadamard transforms, fp32 and bf16
+    input, NaN/inf/zero/subnormal blocks, rows that do not fill a tile."""
     from fewerbits.kernels import rowblock
     from fewerbits.rounding import draw_seed
 
     scheme = fb.get_scheme(name)
     x = torch.from_numpy(hard_matrix(64, 45, seed=8, specials=True)).to(DEVICE)
-    transforms = (None, fb.Hadamard(scheme.block[1], seed=2)) if name != "mxfp8_e4m3" else (None,)
+    transforms = (None, fb.Hadamard(scheme.block[1], seed=2)) if name in ("mxfp4", "nvfp4") else (None,)
     for t in (x, x.bfloat16()):
         X = t.t()  # (45, 64), read along columns
         assert X.stride(0) == 1
@@ -264,11 +264,14 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
                                                                 as_rows=as_rows, transpose_first=first)
                     assert same_values(values, ref), (t.dtype, rounding, h is not None, as_rows, first)
                     assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)
-    # the choice: the row layout for 1 × bc values read along columns, but not under a 32-point
-    # transform, whose column reads are copied to rows first
-    assert rowblock.column_read_as_rows(x.t(), scheme, True) and not rowblock.column_read_as_rows(x, scheme, True)
-    assert not rowblock.column_read_as_rows(x.t(), scheme, False)
-    assert rowblock.column_read_as_rows(x.t(), scheme, True, fb.Hadamard(16)) == (scheme.block[1] == 16)
+                for as_rows in (False, True):
+                    codes, scales, _ = rowblock.quantize_rowblocks(X, scheme, seed, hadamard=h, as_rows=as_rows)
+                    assert torch.equal(codes, q.data), (t.dtype, rounding, h is not None, as_rows)
+                    assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
+    # the choice: the row layout for 1 × bc blocks read along columns, but not under a 32-point
+    # transform, whose column reads of values are copied to rows first
+    assert rowblock.column_read_as_rows(x.t(), scheme) and not rowblock.column_read_as_rows(x, scheme)
+    assert rowblock.column_read_as_rows(x.t(), scheme, fb.Hadamard(16)) == (scheme.block[1] != 32)
     h32 = fb.Hadamard(32)
     assert rowblock.column_read_transposed_first(x.t(), scheme, True, h32) == (scheme.block[1] == 32)
     assert not rowblock.column_read_transposed_first(x, scheme, True, h32)
@@ -279,7 +282,7 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
     real, calls = transpose.transpose, []
     monkeypatch.setattr(transpose, "transpose", lambda t: calls.append(t.shape) or real(t))
     X = x.t()
-    h = fb.Hadamard(scheme.block[1], seed=2) if name != "mxfp8_e4m3" else None
+    h = fb.Hadamard(scheme.block[1], seed=2) if name in ("mxfp4", "nvfp4") else None
     values, _, _ = rowblock.quantize_rowblocks(X, scheme, None, values=True, hadamard=h)  # the default
     assert calls == ([(64, 45)] if name == "mxfp4" else [])
     ref = fb.quantize(X if h is None else h.transform(X, dim=-1), scheme).dequantize_matrix(torch.bfloat16,

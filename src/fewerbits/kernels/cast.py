@@ -56,6 +56,12 @@ def _round_units(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constex
 def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                  EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
                  NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, STOCHASTIC: tl.constexpr):
+    """The element codes of a tile of scaled values (as int32: sign bit, exponent field,
+    mantissa; two's complement for integers). A floating-point format with subnormals, rounded
+    to nearest, takes `_round_values`' one addition to its value and the code from that
+    value's fp32 bits (`_nearest_codes`)."""
+    if not STOCHASTIC and not IS_INT and EMIN == 1 - BIAS:
+        return _nearest_codes(v, E, M, BIAS, EMIN, EMAX, MAX_CODE, HAS_NAN, NAN_CODE)
     neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
     code = (e + (BIAS - 1)) * (1 << M) + r.to(tl.int32)
     code = tl.where(finite, code, MAX_CODE)
@@ -64,6 +70,32 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
         code = tl.where(neg, -code, code) & ((1 << BITS) - 1)
     else:
         code = code | (neg.to(tl.int32) << (E + M))
+    if HAS_NAN:
+        code = tl.where(nan, NAN_CODE | (neg.to(tl.int32) << (E + M)), code)
+    return code
+
+
+@triton.jit
+def _nearest_codes(v, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
+                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr):
+    """`_round_codes` rounding to nearest, for a floating-point format with subnormals: |v|
+    rounded as `_round_values` rounds it (one fp32 addition and subtraction), then its code
+    read off its bits. A rounded magnitude r from 2^EMIN up has the fp32 exponent field
+    e + 127 and no mantissa bits below the top M, so its fp32 bits shifted right by 23 − M are
+    the code plus (127 − BIAS) · 2^M. One below 2^EMIN is a subnormal k · 2^(EMIN − M): the
+    exact sum r + 2^EMIN has the field EMIN + 127 and k in those top M bits. Codes grow with
+    the fp32 bits, so one minimum saturates what lies past max, ±inf and NaN (whose bits, the
+    sign cleared, lie past inf's); then the sign bit, and NaN's code where the format has one."""
+    bits = v.to(tl.int32, bitcast=True)
+    neg, nan = bits < 0, v != v
+    mag = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    field = tl.minimum(tl.maximum((bits >> 23) & 0xFF, EMIN + 127), EMAX + 128)
+    c = ((field + (23 - M)) << 23).to(tl.float32, bitcast=True)
+    r = (mag + c) - c
+    normal = (r.to(tl.int32, bitcast=True) >> (23 - M)) - ((127 - BIAS) << M)
+    low = ((r + 2.0**EMIN).to(tl.int32, bitcast=True) >> (23 - M)) - ((EMIN + 127) << M)
+    code = tl.where(r < 2.0**EMIN, low, normal)
+    code = tl.minimum(code, MAX_CODE) | (neg.to(tl.int32) << (E + M))
     if HAS_NAN:
         code = tl.where(nan, NAN_CODE | (neg.to(tl.int32) << (E + M)), code)
     return code

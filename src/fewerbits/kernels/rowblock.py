@@ -404,20 +404,22 @@ def _column_read(X: torch.Tensor) -> bool:
     return X.dim() == 2 and X.stride(0) == 1 and X.stride(1) != 1
 
 
-def column_read_as_rows(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None) -> bool:
+def column_read_as_rows(X: torch.Tensor, scheme: Scheme, hadamard=None) -> bool:
     """Whether the kernel lays out a column read of X — a transposed view: every weight-gradient
     operand, and the weight of dgrad — as it lays out a row read: a block's elements along
     lanes, 8 consecutive ones a thread, loaded one by one; otherwise a thread holds
     consecutive rows (the direction contiguous in memory, loaded 16 bytes at a time), and each
     block's reductions and scale arithmetic run across lanes and warps. Chosen by timing on
-    the H200 (docs/kernels-notes.md, v21): the row layout for the values of 1 × bc blocks read
-    along columns (one layer's operands, two runs: mxfp8's gradient 0.42–0.45 → 0.40–0.42 ms,
-    NVFP4's transformed gradient 2.0–2.1 → 1.1–1.5 ms, and with NVFP4's tensor-amax pass of the
-    transform laid out the same way, its two passes 1.44 → 0.60 ms), except where the kernel
-    applies a 32-point Hadamard transform (mxfp4's weight gradients), which it made slower
-    (1.40 → 1.94 ms): those are copied to rows first (`column_read_transposed_first`)."""
+    the H200: the row layout for the values and the codes of 1 × bc blocks read along columns
+    (docs/kernels-notes.md, v21, one layer's operands, two runs: mxfp8's gradient values
+    0.42–0.45 → 0.40–0.42 ms, NVFP4's transformed gradient values 2.0–2.1 → 1.1–1.5 ms, and
+    with NVFP4's tensor-amax pass of the transform laid out the same way, its two passes 1.44 →
+    0.60 ms; v25, the FP8 1x128 codes of a 14336 × 8192 column read with `default_tile`: 244 →
+    187 µs), except where the kernel applies a 32-point Hadamard transform (mxfp4's weight
+    gradients), which it made slower (1.40 → 1.94 ms): those values are copied to rows first
+    (`column_read_transposed_first`)."""
     br, bc = scheme.block
-    return values and br == 1 and _column_read(X) and not (hadamard is not None and bc == 32)
+    return br == 1 and _column_read(X) and not (hadamard is not None and bc == 32)
 
 
 def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None) -> bool:
@@ -431,15 +433,14 @@ def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, 
     return values and br == 1 and _column_read(X) and hadamard is not None and bc == 32
 
 
-def default_tile(as_rows: bool, values: bool = False) -> tuple[int, int, int | None]:
-    """(rows, columns, warps) of a 1 × bc-block tile: for values, 32 × 128 at 4 warps, row read
-    or column read laid out as rows (on the H200, 1–16% faster than the tiles before it for
-    MXFP8's and NVFP4's large operands: docs/kernels-notes.md, v24); for codes, 16 × 128, or
-    16 × 256 at 8 warps for a column read laid out as rows (v21). Warps None: 8 from 64 × 128
-    elements up, else 4."""
-    if values:
-        return (32, 128, 4)
-    return (16, 256, 8) if as_rows else (16, 128, None)
+def default_tile() -> tuple[int, int, int]:
+    """(rows, columns, warps) of a 1 × bc-block tile: 32 × 128 at 4 warps, for values and codes,
+    row reads and column reads (laid out as rows). On the H200 it was the fastest or within 2%
+    of the fastest tile timed for MXFP8's and NVFP4's values (1–16% faster than the tiles
+    before it: docs/kernels-notes.md, v24) and for FP8 1x128 and MXFP8 codes (5–13% faster
+    than 16 × 128, and than 16 × 256 at 8 warps for column reads: v25). A square-block tile is
+    one block row, with 8 warps from 64 × 128 elements up, else 4."""
+    return 32, 128, 4
 
 
 def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None, *,
@@ -483,10 +484,11 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     scale_codes = scheme.scale_fmt.bits <= 8
     scales = torch.empty(-(-R // br), nb, dtype=torch.uint8 if scale_codes else torch.float32, device=X.device)
     if as_rows is None:
-        as_rows = column_read_as_rows(X, scheme, values, hadamard)
-    rows, cols, warps = default_tile(as_rows, values)
-    tile_r = br if br > 1 else tile_r or rows  # a square-block tile is one block row
-    tile_c, num_warps = tile_c or cols, num_warps or warps
+        as_rows = column_read_as_rows(X, scheme, hadamard)
+    rows, cols, warps = default_tile()
+    if br > 1:  # a square-block tile is one block row, its warps by its size (_launch)
+        tile_r, warps = br, None
+    tile_r, tile_c, num_warps = tile_r or rows, tile_c or cols, num_warps or warps
     s_dec, given_amax = None, tensor_amax
     tensor_amax = scales  # not read unless two-level
     if scheme.two_level:  # the tensor's amax (the kernel takes the tensor level from it, as
