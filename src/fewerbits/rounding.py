@@ -15,12 +15,17 @@ the target; otherwise it is biased by less than 2^−24). The noise is counter-b
 drawn from an optional `torch.Generator` (so a seeded generator reproduces a draw bit for bit),
 and element i of the tensor, in row-major order, gets the top 24 bits of
 
-    mix(mix(i mod 2^32) XOR seed)      mix: the 32-bit integer hash "lowbias32" of C. Wellons'
+    mix((i mod 2^32) XOR seed)         mix: the 32-bit integer hash "lowbias32" of C. Wellons'
                                        hash-prospector (xorshift 16, × 0x7feb352d, xorshift 15,
                                        × 0x846ca68b, xorshift 16; a bijection of 32-bit words)
 
 so a kernel computes each element's noise where it rounds it, from the seed and the element's
 position, instead of reading a tensor of noise (`noise_bits` is the same function in torch).
+One round of the hash: the seed is drawn uniformly from [0, 2^31), so each element's word
+(i XOR seed) is uniform over 2^31 words and independent between draws, and the hash
+decorrelates neighbouring positions; a second round (mix(mix(i) XOR seed), the definition
+before v25 of docs/kernels-notes.md) cost the stochastic kernels 8–11% of their time on the
+H200.
 
 Then overflow: with `saturate=True` (the default) finite values above `max` and ±inf become
 ±max; with `saturate=False` they become ±inf (formats with inf) or NaN (fp8_e4m3). Formats with
@@ -139,7 +144,7 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 def noise_bits(seed: torch.Tensor, shape) -> torch.Tensor:
     """The noise of `seed` (from `draw_seed`) for a tensor of `shape`: int32 on [0, 2^24), element
-    i in row-major order the top 24 bits of mix32(mix32(i mod 2^32) ^ seed)."""
+    i in row-major order the top 24 bits of mix32((i mod 2^32) ^ seed)."""
     shape = tuple(shape)
     n = math.prod(shape)
     if n < 1 << 31:
@@ -147,7 +152,7 @@ def noise_bits(seed: torch.Tensor, shape) -> torch.Tensor:
     else:  # i mod 2^32, as an int32
         i = ((torch.arange(n, device=seed.device) & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
         i = i.to(torch.int32)
-    x = mix32(mix32(i) ^ seed.to(torch.int32))
+    x = mix32(i ^ seed.to(torch.int32))
     return ((x >> (32 - NOISE_BITS)) & ((1 << NOISE_BITS) - 1)).reshape(shape)
 
 

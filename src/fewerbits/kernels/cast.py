@@ -159,7 +159,7 @@ def _seed_noise(seed_ptr, rows, cols, C):
     whose products and sums wrap modulo 2^32 as the index's reduction would (no 64-bit product)."""
     seed = tl.load(seed_ptr).to(tl.uint32)
     i = rows.to(tl.uint32) * tl.cast(C, tl.uint32) + cols.to(tl.uint32)
-    return (_mix32(_mix32(i) ^ seed) >> 8).to(tl.int32)
+    return (_mix32(i ^ seed) >> 8).to(tl.int32)
 
 
 @triton.jit
