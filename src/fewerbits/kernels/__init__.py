@@ -173,10 +173,11 @@ def codes_in_one_kernel(x: torch.Tensor, scheme) -> bool:
     under the triton backend. The kernels inductor made of those block amaxes, scales and codes
     (fused with the operations producing their tensors) took 37 ms of fp8_blockwise's 163-ms
     step on the H200, one of them 1.5 ms a call for a layer's SwiGLU gradients
-    (docs/kernels-notes.md, v24). Outside compiled graphs `quantize` calls the same kernel
-    directly. (The operator takes any scheme the kernel does, 4-bit codes packed; MX codes,
-    which compiled graphs make only for a saved quantized input, stay with inductor until
-    timed.)"""
+    (docs/kernels-notes.md, v24); the kernel's codes took as long at first (168.8 against
+    169.2 ms a step), and 162.8 ms once they were rounded by one addition (v25). Outside
+    compiled graphs `quantize` calls the same kernel directly. (The operator takes any scheme
+    the kernel does, 4-bit codes packed; MX codes, which compiled graphs make only for a saved
+    quantized input, stay with inductor until timed.)"""
     if not _graph_calls_operators(x):
         return False
     from . import rowblock
