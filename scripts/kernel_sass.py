@@ -64,8 +64,8 @@ def tile(scheme_name: str, hadamard: bool, along: str) -> tuple[bool, int, int, 
         along = "rows"
     view = torch.empty(16, 128) if along == "rows" else torch.empty(128, 16).t()
     as_rows = rowblock.column_read_as_rows(view, s, Hadamard(s.block[1]) if hadamard else None)
-    rows, cols, warps = rowblock.default_tile(as_rows)
-    return as_rows, rows, cols, warps or 4
+    rows, cols, warps = rowblock.default_tile()
+    return as_rows, rows, cols, warps
 
 
 def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: str, arch: int):
