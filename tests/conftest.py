@@ -2,8 +2,13 @@
 
 import os
 
-import torch
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of `pytest -n N`'s processes: one thread each, or
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # N processes' thread pools contend for the cores
 
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on a CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
