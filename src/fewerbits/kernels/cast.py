@@ -58,8 +58,8 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
                  NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, STOCHASTIC: tl.constexpr):
     """The element codes of a tile of scaled values (as int32: sign bit, exponent field,
     mantissa; two's complement for integers). A floating-point format with subnormals, rounded
-    to nearest, takes `_round_values`' one addition to its value and the code from that
-    value's fp32 bits (`_nearest_codes`)."""
+    to nearest, takes the values path's one addition (`_nearest_magnitude`) and the code from
+    the rounded value's fp32 bits (`_nearest_codes`)."""
     if not STOCHASTIC and not IS_INT and EMIN == 1 - BIAS:
         return _nearest_codes(v, E, M, BIAS, EMIN, EMAX, MAX_CODE, HAS_NAN, NAN_CODE)
     neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
@@ -76,22 +76,33 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
 
 
 @triton.jit
-def _nearest_codes(v, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
-                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr):
-    """`_round_codes` rounding to nearest, for a floating-point format with subnormals: |v|
-    rounded as `_round_values` rounds it (one fp32 addition and subtraction), then its code
-    read off its bits. A rounded magnitude r from 2^EMIN up has the fp32 exponent field
-    e + 127 and no mantissa bits below the top M, so its fp32 bits shifted right by 23 − M are
-    the code plus (127 − BIAS) · 2^M. One below 2^EMIN is a subnormal k · 2^(EMIN − M): the
-    exact sum r + 2^EMIN has the field EMIN + 127 and k in those top M bits. Codes grow with
-    the fp32 bits, so one minimum saturates what lies past max, ±inf and NaN (whose bits, the
-    sign cleared, lie past inf's); then the sign bit, and NaN's code where the format has one."""
+def _nearest_magnitude(v, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr):
+    """(sign bit, NaN, r) of a tile of scaled values, r = |v| rounded to nearest (half to even)
+    on the grid of a floating-point format with M mantissa bits, not saturated: with the
+    binade e of |v| clamped into [EMIN, EMAX + 1], c = 2^(e − M + 23) is a float32 whose
+    spacing is the quantum 2^(e − M), so the fp32 sum |v| + c rounds |v| to a multiple of the
+    quantum, half to even (c is an even multiple of it), and subtracting c again is exact. (|v|
+    comes from v's bits, so no fused multiply-add can take in a product that made v.) r is
+    +inf for ±inf and NaN for NaN."""
     bits = v.to(tl.int32, bitcast=True)
-    neg, nan = bits < 0, v != v
     mag = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
     field = tl.minimum(tl.maximum((bits >> 23) & 0xFF, EMIN + 127), EMAX + 128)
     c = ((field + (23 - M)) << 23).to(tl.float32, bitcast=True)
-    r = (mag + c) - c
+    return bits < 0, v != v, (mag + c) - c
+
+
+@triton.jit
+def _nearest_codes(v, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
+                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr):
+    """`_round_codes` rounding to nearest, for a floating-point format with subnormals: |v|
+    rounded by one fp32 addition and subtraction (`_nearest_magnitude`), then its code read off
+    its bits. A rounded magnitude r from 2^EMIN up has the fp32 exponent field e + 127 and no
+    mantissa bits below the top M, so its fp32 bits shifted right by 23 − M are the code plus
+    (127 − BIAS) · 2^M. One below 2^EMIN is a subnormal k · 2^(EMIN − M): the exact sum
+    r + 2^EMIN has the field EMIN + 127 and k in those top M bits. Codes grow with the fp32
+    bits, so one minimum saturates what lies past max, ±inf and NaN (whose bits, the sign
+    cleared, lie past inf's); then the sign bit, and NaN's code where the format has one."""
+    neg, nan, r = _nearest_magnitude(v, M, EMIN, EMAX)
     normal = (r.to(tl.int32, bitcast=True) >> (23 - M)) - ((127 - BIAS) << M)
     low = ((r + 2.0**EMIN).to(tl.int32, bitcast=True) >> (23 - M)) - ((EMIN + 127) << M)
     code = tl.where(r < 2.0**EMIN, low, normal)
@@ -109,21 +120,14 @@ def _round_values(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.conste
     where v is not finite, NaN for NaN where the format has one — a code past the largest
     finite one is a value past max, which the code's saturation turns into max.
 
-    Rounding to nearest takes a shorter way to the same value: with the binade e clamped as
-    above, c = 2^(e − M + 23) is a float32 whose spacing is the quantum 2^(e − M), so the fp32
-    sum |v| + c rounds |v| to a multiple of the quantum, half to even (c is an even multiple
-    of it), and subtracting c again is exact. (|v| is not a product the compiler could fuse
-    into the addition: the absolute value stands between.)"""
+    Rounding to nearest takes a shorter way to the same value: one fp32 addition and
+    subtraction (`_nearest_magnitude`), then saturation."""
     if STOCHASTIC:
         neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
         mag = tl.minimum(r * ((e - M + 127) << 23).to(tl.float32, bitcast=True), MAX_VALUE)
         mag = tl.where(finite, mag, MAX_VALUE)
     else:
-        neg, nan = v.to(tl.int32, bitcast=True) < 0, v != v
-        mag = tl.abs(v)
-        field = tl.minimum(tl.maximum((mag.to(tl.int32, bitcast=True) >> 23) & 0xFF, EMIN + 127), EMAX + 128)
-        c = ((field + (23 - M)) << 23).to(tl.float32, bitcast=True)
-        r = (mag + c) - c
+        neg, nan, r = _nearest_magnitude(v, M, EMIN, EMAX)
         mag = tl.where(r < MAX_VALUE, r, MAX_VALUE)  # past max, ±inf and NaN: max
     # the sign put in as a bit: a select between mag and −mag may lose the sign of a zero
     # (on the H200 it did), and −0 is what the reference's codes give
