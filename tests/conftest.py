@@ -2,12 +2,14 @@
 
 import os
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # one of `pytest -n N`'s processes: one thread each, or
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # N processes' thread pools contend for the cores
+# one of `pytest -n N`'s processes: one thread each, or N processes' thread pools contend for the cores
+XDIST_WORKER = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+if XDIST_WORKER:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
+if XDIST_WORKER:
     torch.set_num_threads(1)
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on a CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -249,7 +249,8 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
 
     scheme = fb.get_scheme(name)
     x = torch.from_numpy(hard_matrix(64, 45, seed=8, specials=True)).to(DEVICE)
-    transforms = (None, fb.Hadamard(scheme.block[1], seed=2)) if name in ("mxfp4", "nvfp4") else (None,)
+    transformed = name in ("mxfp4", "nvfp4")  # the FP4 recipes' weight-gradient operands
+    transforms = (None, fb.Hadamard(scheme.block[1], seed=2)) if transformed else (None,)
     for t in (x, x.bfloat16()):
         X = t.t()  # (45, 64), read along columns
         assert X.stride(0) == 1
@@ -282,7 +283,7 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
     real, calls = transpose.transpose, []
     monkeypatch.setattr(transpose, "transpose", lambda t: calls.append(t.shape) or real(t))
     X = x.t()
-    h = fb.Hadamard(scheme.block[1], seed=2) if name in ("mxfp4", "nvfp4") else None
+    h = fb.Hadamard(scheme.block[1], seed=2) if transformed else None
     values, _, _ = rowblock.quantize_rowblocks(X, scheme, None, values=True, hadamard=h)  # the default
     assert calls == ([(64, 45)] if name == "mxfp4" else [])
     ref = fb.quantize(X if h is None else h.transform(X, dim=-1), scheme).dequantize_matrix(torch.bfloat16,

@@ -416,8 +416,8 @@ def column_read_as_rows(X: torch.Tensor, scheme: Scheme, hadamard=None) -> bool:
     with NVFP4's tensor-amax pass of the transform laid out the same way, its two passes 1.44 →
     0.60 ms; v25, the FP8 1x128 codes of a 14336 × 8192 column read with `default_tile`: 244 →
     187 µs), except where the kernel applies a 32-point Hadamard transform (mxfp4's weight
-    gradients), which it made slower (1.40 → 1.94 ms): those values are copied to rows first
-    (`column_read_transposed_first`)."""
+    gradients), which it made slower (1.40 → 1.94 ms): there the values are copied to rows
+    first (`column_read_transposed_first`) and the codes keep the memory's order."""
     br, bc = scheme.block
     return br == 1 and _column_read(X) and not (hadamard is not None and bc == 32)
 
