@@ -594,6 +594,43 @@ def test_a_cached_quantized_weight_follows_the_fused_update():
         assert torch.equal(cached, fresh)
 
 
+def test_fused_adamw_finds_each_parameters_amax_as_it_writes_it():
+    """AdamW.weight_amax: max |p| of the parameter the fused kernel just wrote (bit for bit; NaN
+    where p holds NaN), from one atomic maximum per program of the magnitudes' bits — over
+    several programs and a ragged end — and None for a parameter the multi-tensor path
+    updated, one that changed since, or one without a gradient at that step."""
+    from fewerbits.train.optim import AdamW
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    ps = [torch.randn(s, device=device, requires_grad=True) for s in [(33, 17), (4099,), (1,), (5000,)]]
+    with torch.no_grad():
+        ps[1][4097] = -50.0  # the largest magnitude, negative, in the last program
+        ps[3][7] = float("nan")
+    opt = AdamW(ps, lr=1e-2, fused=True)
+    for step in range(2):
+        for i, p in enumerate(ps):
+            p.grad = None if (step == 1 and i == 2) else torch.randn_like(p)
+        opt.step()
+        for i, p in enumerate(ps):
+            amax = opt.weight_amax(p)
+            if step == 1 and i == 2:
+                assert amax is not None  # not written this step, unchanged: last step's still holds
+            assert amax.dtype == torch.float32 and amax.shape == () and amax.device == p.device
+            if i == 3:
+                assert torch.isnan(amax)
+            else:
+                assert torch.equal(amax, p.detach().abs().amax()), (step, i)
+    with torch.no_grad():
+        ps[0].mul_(2.0)  # changed since the step: its amax no longer holds
+    assert opt.weight_amax(ps[0]) is None and opt.weight_amax(ps[1]) is not None
+    plain = AdamW(ps[:2], lr=1e-2, fused=False)
+    for p in ps[:2]:
+        p.grad = torch.randn_like(p)
+    plain.step()
+    assert plain.weight_amax(ps[0]) is None and plain.weight_amax(ps[1]) is None
+
+
 def test_fused_adamw_refuses_what_it_cannot_update():
     p = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.float64))
     p.grad = torch.randn(4, 4, dtype=torch.float64)

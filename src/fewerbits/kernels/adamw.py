@@ -15,6 +15,12 @@ The parameter and its gradient are fp32; the states fp32 or bf16. With a gradien
 0-d fp32 tensor on the device: gradient clipping's coefficient), g is first rounded to g·s in
 fp32, as clipping's in-place multiplication would make it, without a pass of its own; the
 stored gradient is left as it was.
+
+Given a slot for it, the kernel also finds the new parameter's amax, max |p| (NaN if p holds
+NaN), as it writes p: each program reduces its block's magnitudes as int32 bit patterns (for
+non-negative floats their order as integers is their order as floats, and every NaN pattern
+lies above +inf's) and takes the maximum into the slot atomically. A per-tensor quantizer of the
+weight then needs no pass of its own to find it (QuantizedLinear.set_weight_amax).
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ BLOCK = 2048
 
 
 @triton.jit
-def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, s_ptr, n, lr, w1, b2, w2, eps, wd, bc1, bc2,
-                  BLOCK: tl.constexpr, STATE_BF16: tl.constexpr, DECAY: tl.constexpr, SCALED: tl.constexpr):
+def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, s_ptr, amax_ptr, n, lr, w1, b2, w2, eps, wd, bc1, bc2,
+                  BLOCK: tl.constexpr, STATE_BF16: tl.constexpr, DECAY: tl.constexpr, SCALED: tl.constexpr,
+                  AMAX: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     p = tl.load(p_ptr + offs, mask=mask, other=0.0)
@@ -53,7 +60,11 @@ def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, s_ptr, n, lr, w1, b2, w2, eps, wd,
     u = tl.div_rn(tl.div_rn(m, bc1), denom)
     if DECAY:
         u = u + wd * p
-    tl.store(p_ptr + offs, p + (-lr) * u, mask=mask)
+    p = p + (-lr) * u
+    tl.store(p_ptr + offs, p, mask=mask)
+    if AMAX:  # |p| as bits (sign cleared): ordered as the magnitudes, NaN above +inf
+        bits = tl.where(mask, p.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0)
+        tl.atomic_max(amax_ptr, tl.max(bits, axis=0))
 
 
 def supported(p: torch.Tensor, state_dtype: torch.dtype) -> bool:
@@ -66,10 +77,14 @@ def supported(p: torch.Tensor, state_dtype: torch.dtype) -> bool:
 
 def adamw_step(p: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, lr: float,
                beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
-               grad_scale: torch.Tensor | None = None) -> None:
+               grad_scale: torch.Tensor | None = None, amax_bits: torch.Tensor | None = None) -> None:
     """One AdamW update of `p` (in place, with its `.grad` times `grad_scale` if given: a 0-d
     fp32 tensor on p's device), the states updated in place; the three tensors' version
-    counters move on, as an in-place torch operation would move them."""
+    counters move on, as an in-place torch operation would move them.
+
+    amax_bits: a one-element int32 tensor on p's device holding 0 (or a smaller amax's bits),
+    into which the kernel puts the bits of the new p's amax: `amax_bits.view(torch.float32)`
+    is then max |p| (NaN if p holds NaN; 0 for an empty p)."""
     n = p.numel()
     if n == 0:
         return
@@ -77,12 +92,17 @@ def adamw_step(p: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                                    or grad_scale.device != p.device):
         raise ValueError(f"grad_scale must be one fp32 value on {p.device}, not {tuple(grad_scale.shape)} "
                          f"{grad_scale.dtype} on {grad_scale.device}")
+    if amax_bits is not None and (amax_bits.numel() != 1 or amax_bits.dtype != torch.int32
+                                  or amax_bits.device != p.device):
+        raise ValueError(f"amax_bits must be one int32 value on {p.device}, not {tuple(amax_bits.shape)} "
+                         f"{amax_bits.dtype} on {amax_bits.device}")
     # the scalars as the multi-tensor ops receive them: computed in double, used in fp32
     _adamw_kernel[(triton.cdiv(n, BLOCK),)](
-        p, p.grad, exp_avg, exp_avg_sq, p.grad if grad_scale is None else grad_scale, n, lr, 1 - beta1,
+        p, p.grad, exp_avg, exp_avg_sq, p.grad if grad_scale is None else grad_scale,
+        exp_avg if amax_bits is None else amax_bits, n, lr, 1 - beta1,
         beta2, 1 - beta2, eps, weight_decay, 1 - beta1**step, 1 - beta2**step,
         BLOCK=BLOCK, STATE_BF16=exp_avg.dtype == torch.bfloat16, DECAY=weight_decay != 0,
-        SCALED=grad_scale is not None, enable_fp_fusion=False,
+        SCALED=grad_scale is not None, AMAX=amax_bits is not None, enable_fp_fusion=False,
     )
     # the kernel wrote through raw pointers, which autograd's version counters do not see:
     # count the writes, so that whatever keys on a tensor's version (QuantizedLinear's weight

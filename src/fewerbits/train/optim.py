@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import kernels
 
@@ -42,6 +43,16 @@ class AdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.state_dtype = state_dtype
         self.fused = fused
+        # parameter → (its amax as the fused kernel wrote it, its version just after)
+        self._amaxes = WeakIdKeyDictionary()
+
+    def weight_amax(self, p: torch.Tensor) -> torch.Tensor | None:
+        """max |p| (a 0-d fp32 tensor on p's device, NaN if p holds NaN) as the fused kernel
+        found it while writing p at the last step, or None: p was not updated by the kernel, or
+        has changed since (its version counter moved). For `QuantizedLinear.set_weight_amax`,
+        whose per-tensor quantizers then need no pass over the weight to find it."""
+        hit = self._amaxes.get(p)
+        return hit[0] if hit is not None and hit[1] == p._version else None
 
     def _fused_for(self, p: torch.Tensor) -> bool:
         if self.fused is False:
@@ -70,6 +81,12 @@ class AdamW(torch.optim.Optimizer):
                                        or not grad_scale.is_floating_point()):
             raise ValueError("grad_scale must be a one-element floating-point tensor (clip_coefficient's)")
         scales: dict = {}  # grad_scale on each parameter's device, moved once
+        fused = [p for group in self.param_groups for p in group["params"]
+                 if p.grad is not None and self._fused_for(p)]
+        # the fused kernel's amaxes of the new parameters: one int32 slot each, zeroed at once
+        slots = {dev: torch.zeros(sum(p.device == dev for p in fused), dtype=torch.int32, device=dev)
+                 for dev in {p.device for p in fused}}
+        taken = dict.fromkeys(slots, 0)
         for group in self.param_groups:
             b1, b2 = group["betas"]
             batches: dict = {}
@@ -88,10 +105,14 @@ class AdamW(torch.optim.Optimizer):
                 if self._fused_for(p):
                     from ..kernels.adamw import adamw_step
 
+                    bits = slots[p.device][taken[p.device]:taken[p.device] + 1]
+                    taken[p.device] += 1
                     adamw_step(p, state["exp_avg"], state["exp_avg_sq"], lr=group["lr"], beta1=b1, beta2=b2,
                                eps=group["eps"], weight_decay=group["weight_decay"], step=state["step"].item(),
-                               grad_scale=None if scale is None else scale.float())
+                               grad_scale=None if scale is None else scale.float(), amax_bits=bits)
+                    self._amaxes[p] = (bits.view(torch.float32).reshape(()), p._version)
                     continue
+                self._amaxes.pop(p, None)
                 key = (p.device, p.dtype, state["step"].item())
                 batches.setdefault(key, []).append((p, state))
             for (device, _dtype, t), members in batches.items():
