@@ -121,6 +121,39 @@ def test_one_amax_per_tensor_or_row_with_specials_overrides_and_layouts(name):
     assert same(kernels.quantize(base, name, generator=gen(), **sr), fb.quantize(base, name, generator=gen(), **sr))
 
 
+@pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor", "nvfp4", "nvfp4_16x16"])
+def test_a_given_tensor_amax_gives_the_tensors_own_codes(name):
+    """quantize(x, tensor_amax=max |x|) — a weight's amax as the fused AdamW finds it — is
+    quantize(x) bit for bit, on the kernels and the reference, with NaN, inf, zeros, bf16 and a
+    transposed view, under a delayed-scaling override too; the amax given is the one used (three
+    times it gives other codes), and anything but one floating-point value is refused."""
+    base = torch.from_numpy(hard_matrix(37, 100, seed=5, specials=False)).to(DEVICE)
+    cases = [base, base.bfloat16(), base.t(), torch.zeros(5, 48, device=DEVICE)]
+    for special in (float("nan"), float("inf")):
+        y = base.clone()
+        y[3, 7] = special
+        cases.append(y)
+    for x in cases:
+        amax = x.abs().amax().float()
+        own = fb.quantize(x, name)
+        assert same(fb.quantize(x, name, tensor_amax=amax), own), x.dtype
+        assert same(kernels.quantize(x, name, tensor_amax=amax), own), x.dtype
+    amax = base.abs().amax()
+    for q in (fb.quantize, kernels.quantize):
+        assert not same(q(base, name, tensor_amax=amax * 3), fb.quantize(base, name))
+    if name.startswith("fp8"):
+        override = torch.tensor(0.25, device=DEVICE)
+        for x in (base, cases[-1]):
+            want = fb.quantize(x, name, amax=override)
+            given = x.abs().amax().float()
+            assert same(fb.quantize(x, name, amax=override, tensor_amax=given), want)
+            assert same(kernels.quantize(x, name, amax=override, tensor_amax=given), want)
+    with pytest.raises(ValueError, match="one-element floating-point"):
+        kernels.quantize(base, name, tensor_amax=torch.ones(2, device=DEVICE))
+    with pytest.raises(ValueError, match="one-element floating-point"):
+        fb.quantize(base, name, tensor_amax=torch.ones((), dtype=torch.int32))
+
+
 def test_backend_switch():
     kernels.set_backend("reference")
     assert not kernels.uses_triton(torch.zeros(1))

@@ -115,6 +115,7 @@ def quantize(
     generator: torch.Generator | None = None,
     axis: int = -1,
     amax: torch.Tensor | None = None,
+    tensor_amax: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Quantize `x` by `scheme` (a name from SCHEMES or a Scheme); x is first made float32.
 
@@ -124,9 +125,14 @@ def quantize(
     amax: use this amax instead of the tensor's own to set the scales (one value per block,
     or one for all: delayed scaling); values beyond it saturate. A block that holds NaN or
     ±inf still gets a NaN scale.
+    tensor_amax: x's own amax, max |x| (NaN if x holds NaN), where the caller has it already
+    (the fused AdamW finds a weight's as it writes it); a scheme of one block for the tensor, or
+    a two-level scheme's tensor level, takes it instead of reducing x for it. It must be x's
+    amax: the codes are those of quantize(x, scheme) only then (an amax to quantize by instead
+    is `amax`).
     """
     plan = make_plan(x, scheme, scale_rule=scale_rule, rounding=rounding, generator=generator,
-                     axis=axis, amax=amax)
+                     axis=axis, amax=amax, tensor_amax=tensor_amax)
     codes = [
         element_codes(plan.X[r0:r1], plan.block_values(r0, r1), plan.scheme,
                       None if plan.noise is None else plan.noise[r0:r1], reciprocal=plan.block_reciprocals(r0, r1))
@@ -225,7 +231,8 @@ def assemble(data, scales, scheme: Scheme, shape, axis: int, tensor_scale=None) 
     return QuantizedTensor(data.contiguous(), stored, scheme, shape, axis, tensor_scale)
 
 
-def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None, axis=-1, amax=None) -> Plan:
+def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None, axis=-1, amax=None,
+              tensor_amax=None) -> Plan:
     """Check the arguments, view x as (R, C), compute every block's scale and draw the noise."""
     check_float_tensor(x)
     check_rounding(rounding)
@@ -234,7 +241,13 @@ def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None,
     X = _to_matrix(x.detach(), axis)
     rows, cols = X.shape
     br, bc = _block_shape(scheme, rows, cols)
-    actual = _block_amaxes(x.detach(), X, br, bc, axis)  # (R/br, C/bc)
+    if tensor_amax is not None:
+        tensor_amax = check_tensor_amax(tensor_amax, X.device)
+    if tensor_amax is not None and br == rows and bc == cols and X.numel():
+        actual = tensor_amax.reshape(1, 1)  # the one block's amax, given
+    else:
+        actual = _block_amaxes(x.detach(), X, br, bc, axis)  # (R/br, C/bc)
+    overridden = amax is not None
     if amax is None:
         amax = actual
     else:
@@ -242,7 +255,8 @@ def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None,
     tensor_scale = None
     # Per block: the scale to store, and the factor the elements are divided or multiplied by.
     if scheme.two_level:
-        tensor_amax = amax.amax() if amax.numel() else amax.new_zeros(())
+        if tensor_amax is None or overridden or not amax.numel():  # else the given one: x's own
+            tensor_amax = amax.amax() if amax.numel() else amax.new_zeros(())
         scales, tensor_scale, factor = two_level_scales(amax, tensor_amax, scheme.elem, scheme.scale_fmt)
     elif scheme.pow2:
         scales = factor = pow2_scale(amax, scheme.elem, scheme.scale_rule, scheme.scale_fmt)
@@ -250,6 +264,13 @@ def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None,
         scales = factor = amax_scale(amax, scheme.elem)
     noise = draw_noise((rows, cols), x.device, generator) if rounding == "stochastic" else None
     return Plan(x.shape, axis, scheme, X, br, bc, scales, factor, tensor_scale, noise)
+
+
+def check_tensor_amax(tensor_amax, device) -> torch.Tensor:
+    """A given tensor amax as a 0-d fp32 tensor on `device`; a clear error for anything else."""
+    if not isinstance(tensor_amax, torch.Tensor) or tensor_amax.numel() != 1 or not tensor_amax.is_floating_point():
+        raise ValueError("tensor_amax must be a one-element floating-point tensor (the tensor's max |x|)")
+    return tensor_amax.float().to(device).reshape(())
 
 
 def _block_amaxes(x: torch.Tensor, X: torch.Tensor, br: int, bc: int, axis: int) -> torch.Tensor:

@@ -40,7 +40,7 @@ import importlib.util
 import torch
 
 from ..codes import pack
-from ..quantize import QuantizedTensor, make_plan, matrix_view
+from ..quantize import QuantizedTensor, check_tensor_amax, make_plan, matrix_view
 from ..quantize import _normalize_axis as normalize_axis
 from ..quantize import quantize as reference_quantize
 from ..rounding import check_float_tensor, check_rounding, draw_seed
@@ -93,9 +93,10 @@ def _matrix_and_seed(x: torch.Tensor, rounding: str, generator, axis: int):
 
 
 def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", generator=None,
-             axis=-1, amax=None) -> QuantizedTensor:
+             axis=-1, amax=None, tensor_amax=None) -> QuantizedTensor:
     """`fewerbits.quantize` with Triton kernels where the backend says so (same arguments)."""
-    kwargs = dict(scale_rule=scale_rule, rounding=rounding, generator=generator, axis=axis, amax=amax)
+    kwargs = dict(scale_rule=scale_rule, rounding=rounding, generator=generator, axis=axis, amax=amax,
+                  tensor_amax=tensor_amax)
     if not uses_triton(x):
         scheme_ = get_scheme(scheme, scale_rule)
         if amax is None and codes_in_one_kernel(x, scheme_):  # a compiled graph: the kernel's operator
@@ -107,16 +108,18 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
     from .cast import cast_codes
 
     scheme_ = get_scheme(scheme, scale_rule)
+    if tensor_amax is not None:
+        tensor_amax = check_tensor_amax(tensor_amax, x.device)
     if rowblock.supported(scheme_) and amax is None:  # amax, scales and codes in one kernel
         ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
-        codes, scales, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, seed)
+        codes, scales, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, seed, tensor_amax=tensor_amax)
         if scheme_.elem.bits == 6:
             codes = pack(codes, scheme_.elem)
         return QuantizedTensor(codes, scales, scheme_, x.shape, ax, tensor_scale)
 
     if rowblock.amax_supported(scheme_) and x.numel():  # one reduction, then one kernel
         ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
-        codes, scales = rowblock.quantize_with_amax(X, scheme_, seed, amax)
+        codes, scales = rowblock.quantize_with_amax(X, scheme_, seed, amax, tensor_amax=tensor_amax)
         if scheme_.elem.bits == 6:
             codes = pack(codes, scheme_.elem)
         return QuantizedTensor(codes, scales, scheme_, x.shape, ax)

@@ -546,18 +546,25 @@ def amax_supported(scheme: Scheme) -> bool:
 
 
 def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None,
-                       amax: torch.Tensor | None = None, *, tile_r: int = 16, tile_c: int = 128):
+                       amax: torch.Tensor | None = None, *, tile_r: int = 16, tile_c: int = 128,
+                       tensor_amax: torch.Tensor | None = None):
     """(codes, fp32 scales) of the (R, C) matrix X with one block per row or one for all.
 
     One reduction gives the amax (per row or of the tensor, NaN propagating), then one kernel
     applies the scale rule and writes scales and codes. `amax` overrides it where the actual
-    amax is finite, as the reference does for delayed scaling.
+    amax is finite, as the reference does for delayed scaling. `tensor_amax`: X's own amax,
+    given (0-d fp32), where X is one block: no reduction then.
     """
     R, C = X.shape
     elem = scheme.elem
     per_row = scheme.block == (1, -1)
     inf = float("inf")
-    actual = torch.linalg.vector_norm(X, ord=inf, dim=1) if per_row else torch.linalg.vector_norm(X, ord=inf)
+    if tensor_amax is not None and not per_row:
+        actual = tensor_amax
+    elif per_row:
+        actual = torch.linalg.vector_norm(X, ord=inf, dim=1)
+    else:
+        actual = torch.linalg.vector_norm(X, ord=inf)
     actual = actual.float().reshape(-1)
     if amax is not None:
         actual = torch.where(torch.isfinite(actual), amax.float().to(X.device).reshape(-1), actual)
