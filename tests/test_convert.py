@@ -438,3 +438,48 @@ def test_compile_model_by_blocks_traces_one_block_for_all():
     with pytest.raises(ValueError, match="no list of blocks"):
         fb.compile_model(nn.Linear(4, 4), blocks=True)
     torch._dynamo.reset()
+
+
+def test_compiled_blocks_take_the_weights_amaxes_as_inputs():
+    """With each weight's amax given before every forward (set_weight_amaxes, as the trainer
+    does from its AdamW), compiled blocks take the amaxes as graph inputs: one graph over steps
+    whose weights and amaxes change, eager mode's bits, and the amax given is the one used."""
+    from torch._dynamo.utils import counters
+
+    from fewerbits.linear import set_weight_amaxes
+    from fewerbits.models import Llama, ModelConfig
+    from fewerbits.train.precision import apply_recipe
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=128, max_seq_len=32)
+    model = Llama(cfg)
+    apply_recipe(model, "fp8_tensorwise", policy=fb.Policy(min_features=0, keep_last_blocks=0))
+    ids = torch.randint(0, 128, (2, 32))
+
+    def step(forward):
+        set_weight_amaxes(model)
+        out = forward(ids)
+        out.float().square().sum().backward()
+        got = [out.detach()] + [p.grad.clone() for n, p in model.named_parameters() if "norm" not in n]
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(0.01 * p.grad)
+        model.zero_grad(set_to_none=True)
+        return got
+
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    eager = [step(model) for _ in range(2)]
+    model.load_state_dict(state)
+    fb.compile_model(model, blocks=True)
+    compiled = [step(model) for _ in range(2)]
+    for a, b in zip(eager, compiled):
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
+    assert counters["stats"]["unique_graphs"] == 1
+    set_weight_amaxes(model)
+    for m in model.modules():
+        if isinstance(m, fb.QuantizedLinear) and m.uses_weight_amax:  # (the bf16 head has none)
+            m.set_weight_amax(m._weight_amax * 3)
+    assert not torch.equal(model(ids), eager[0][0])  # (a different amax, other codes)
+    torch._dynamo.reset()

@@ -529,6 +529,63 @@ def test_prepared_weights_enter_compiled_graphs_as_inputs_without_changing_a_bit
     assert not torch.equal(model(x), before)
 
 
+@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_delayed", "nvfp4"])
+def test_a_given_weight_amax_changes_no_bit(recipe):
+    """set_weight_amax(max |W|): the forward, both gradients and the delayed-scaling history are
+    those of a layer that finds the amax itself; the amax given is the one used (three times it
+    changes them); a weight changed since is read again; a bad amax is refused."""
+    torch.manual_seed(0)
+    layer = fb.QuantizedLinear(256, 128, recipe=recipe)
+    assert layer.uses_weight_amax
+    x = torch.randn(64, 256, requires_grad=True)
+
+    def run(amax, give=True):
+        torch.manual_seed(1)  # the same stochastic-rounding noise each time
+        if give:
+            layer.set_weight_amax(amax)
+        if layer.delayed_scaling is not None:
+            layer.delayed_scaling.amax_history.zero_()
+            layer.delayed_scaling.amax.fill_(1.0)
+        y = layer(x)
+        y.square().sum().backward()
+        got = [y.detach(), x.grad, layer.weight.grad]
+        if layer.delayed_scaling is not None:
+            got.append(layer.delayed_scaling.amax_history.clone())
+        x.grad = layer.weight.grad = layer.bias.grad = None
+        return got
+
+    same = lambda a, b: all(torch.equal(u, v) for u, v in zip(a, b))  # noqa: E731
+    own = run(None)
+    amax = layer.weight.detach().abs().amax()
+    assert same(run(amax), own)
+    assert not same(run(amax * 3), own)
+    layer.set_weight_amax(amax * 3)
+    with torch.no_grad():
+        layer.weight.mul_(1.0)  # the version moves: the amax given no longer holds
+    assert same(run(None, give=False), own) and layer._weight_amax is None
+    with pytest.raises(ValueError, match="one fp32 value"):
+        layer.set_weight_amax(torch.ones(2))
+    assert not fb.QuantizedLinear(64, 32, recipe="mxfp8").uses_weight_amax
+    assert not fb.QuantizedLinear(64, 32, recipe="fp8_rowwise").uses_weight_amax
+
+
+def test_set_weight_amaxes_gives_every_layer_an_amax():
+    """From the optimizer where it has one (AdamW.weight_amax), else by a reduction of the
+    weight there: every layer that uses one gets max |W|, and the count says how many came
+    from the optimizer."""
+    from fewerbits.linear import set_weight_amaxes
+
+    torch.manual_seed(0)
+    model = nn.Sequential(fb.QuantizedLinear(64, 96, recipe="fp8_tensorwise"), nn.GELU(),
+                          fb.QuantizedLinear(96, 32, recipe="mxfp8"), fb.QuantizedLinear(32, 8, recipe="nvfp4"))
+    given = {model[0].weight: model[0].weight.detach().abs().amax()}
+    assert set_weight_amaxes(model, given.get) == 1
+    assert set_weight_amaxes(model) == 0
+    for m in (model[0], model[3]):
+        assert torch.equal(m._weight_amax, m.weight.detach().abs().amax())
+    assert model[2]._weight_amax is None
+
+
 def test_prepare_weight_refuses_weights_that_are_not_reused():
     """Delayed scaling (the amax history moves with every cast) and an unquantized weight
     operand leave nothing to prepare."""

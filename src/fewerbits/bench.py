@@ -272,7 +272,9 @@ def training_step(model, x, y, *, compile: bool, device, autocast: bool = False,
     """The step `bench train` times, as a function: forward (compiled with `compile_model` if
     asked, block by block with `blocks`; the optimizer stays eager), cross-entropy, backward,
     clipping and the trainer's AdamW, as the trainer runs them (the clipping coefficient
-    applied by AdamW as it reads each gradient)."""
+    applied by AdamW as it reads each gradient, the weights' amaxes that its kernel finds
+    given to the quantizers: `set_weight_amaxes`)."""
+    from .linear import set_weight_amaxes
     from .train.optim import AdamW, clip_coefficient, param_groups
 
     opt = AdamW(param_groups(model, 0.1), lr=1e-4)
@@ -280,6 +282,7 @@ def training_step(model, x, y, *, compile: bool, device, autocast: bool = False,
     step_model = compile_model(model, blocks=blocks) if compile or blocks else model
 
     def step():
+        set_weight_amaxes(model, opt.weight_amax)  # as the trainer: the weights' amaxes from AdamW
         with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
             logits = step_model(x).float().flatten(0, -2)
         loss = F.cross_entropy(logits, y.reshape(-1))

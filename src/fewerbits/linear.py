@@ -84,12 +84,15 @@ class DelayedScalingState(nn.Module):
         return self.amax[ROLES.index(role)].clone() * 2.0**self.config.margin
 
     @torch.no_grad()
-    def record(self, role: str, t: torch.Tensor) -> None:
+    def record(self, role: str, t: torch.Tensor, amax: torch.Tensor | None = None) -> None:
+        """Put t's amax (`amax` where the caller has it already) into role's history."""
         if not self.recording:  # evaluation reads the histories but leaves them alone
             return
         r = ROLES.index(role)
         history = self.amax_history[r]
-        history[0] = torch.linalg.vector_norm(t, ord=float("inf")).float()  # max |t|, NaN propagating, one pass
+        if amax is None:
+            amax = torch.linalg.vector_norm(t, ord=float("inf"))  # max |t|, NaN propagating, one pass
+        history[0] = amax.float()
         new = history.max() if self.config.amax_compute == "max" else history[0].clone()
         # keep the previous amax when the new one is 0 or not finite, as TE keeps its scale
         self.amax[r] = torch.where((new > 0) & torch.isfinite(new), new, self.amax[r])
@@ -122,8 +125,11 @@ def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=No
 
     Returns a QuantizedTensor, or, unquantized, the (R, inner) matrix in the compute dtype, or,
     for a GEMM that multiplies values (`_as_values`) unless `codes` asks for the codes, _Values
-    (whose kernel applies the Hadamard transform itself where it can, and takes NVFP4's tensor
-    amax from `tensor_amax` where `_two_amaxes` gave it).
+    (whose kernel applies the Hadamard transform itself where it can).
+
+    tensor_amax: the amax of what is quantized (t under the GEMM's transform), where the caller
+    has it already: NVFP4's tensor amaxes from `_two_amaxes`, a weight's from the fused AdamW
+    (`QuantizedLinear.set_weight_amax`, given only to GEMMs without a transform).
     """
     if op.scheme is not None and not codes and amax is None and _as_values(gemm, t):
         return _Values(*kernels.quantized_values(t, op.scheme, rounding=op.rounding, axis=axis,
@@ -132,7 +138,7 @@ def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=No
         t = gemm.hadamard.transform(t, dim=axis)
     if op.scheme is None:
         return (t if axis == 1 else t.t()).to(dtype)
-    return kernels.quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax)
+    return kernels.quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax, tensor_amax=tensor_amax)
 
 
 def _pairs_amaxes(rows: Operand, rows_gemm: Gemm, cols: Operand, cols_gemm: Gemm) -> bool:
@@ -254,6 +260,25 @@ def share_operands(on: bool) -> None:
     SHARED_OPERANDS.clear()
 
 
+@torch.no_grad()
+def set_weight_amaxes(model: nn.Module, amax_of=None) -> int:
+    """Give every QuantizedLinear of the model whose quantizers use the weight's amax
+    (`uses_weight_amax`) that amax before a forward (eager code: a compiled graph cannot check a
+    weight's version): `amax_of(weight)` — an `AdamW.weight_amax`, found as the optimizer wrote
+    the weight — or, where that gives None (no step yet, a weight changed since) or no amax_of
+    is given, one reduction of the weight here. Every forward then sees an amax, so a compiled
+    graph is made once. Returns how many layers took theirs from amax_of."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear) and m.uses_weight_amax:
+            amax = amax_of(m.weight) if amax_of is not None else None
+            n += amax is not None
+            if amax is None:
+                amax = torch.linalg.vector_norm(m.weight.detach(), ord=float("inf")).float()
+            m.set_weight_amax(amax)
+    return n
+
+
 def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native, gemm: Gemm) -> torch.Tensor:
     """A · Bᵀ for prepared operands (quantized, values, or high-precision matrices) of `gemm`."""
     if isinstance(a, _Values) or isinstance(b, _Values):  # gemm.emulated_matmul's bf16 path
@@ -288,20 +313,23 @@ class _Config:
         # the autograd function as inputs)
         self.prepared: tuple | None = None
 
-    def weight_operand(self, weight, op: Operand, gemm: Gemm, axis: int, dtype, amax):
+    def weight_operand(self, weight, op: Operand, gemm: Gemm, axis: int, dtype, amax, known_amax=None):
         """The weight prepared for one GEMM; with cache_weight, reused while the weight is
         unchanged (micro-batches of one optimizer step, evaluation). A weight with delayed-
         scaling amaxes or stochastic rounding is prepared afresh each time, as its definition
-        asks; so is every weight while a graph is being traced."""
+        asks; so is every weight while a graph is being traced. known_amax: the weight's own
+        amax, given (`QuantizedLinear.set_weight_amax`), used where the GEMM has no transform."""
+        if gemm.hadamard is not None:
+            known_amax = None
         reusable = (self.cache_weight and amax is None and op.rounding == "nearest"
                     and not torch.compiler.is_compiling())
         if not reusable:
-            return _prepare(weight, op, gemm, axis, dtype, amax)
+            return _prepare(weight, op, gemm, axis, dtype, amax, tensor_amax=known_amax)
         key = (weight._version, weight.data_ptr(), weight.dtype, tuple(weight.shape))
         hit = self.weight_cache.get(axis)
         if hit is not None and hit[0] == key:
             return hit[1]
-        prepared = _prepare(weight, op, gemm, axis, dtype, amax, True)  # kept: as codes
+        prepared = _prepare(weight, op, gemm, axis, dtype, amax, True, known_amax)  # kept: as codes
         self.weight_cache[axis] = (key, prepared)
         return prepared
 
@@ -317,7 +345,7 @@ def _prepared_operands(cfg: _Config, tensors: tuple) -> tuple:
 
 class _QuantizedLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, cfg: _Config, *prepared):
+    def forward(ctx, x, weight, bias, weight_amax, cfg: _Config, *prepared):
         recipe, state, dt = cfg.recipe, cfg.state, cfg.recipe.compute_dtype
         w_fprop, w_dgrad = _prepared_operands(cfg, prepared)
         ctx.n_prepared = len(prepared)
@@ -327,6 +355,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
         amax_w = state.amax_for("weight") if state is not None else None
 
         if recipe.weight_qat is not None:  # QAT: the GEMMs see Q(W); W gets their gradient
+            weight_amax = None  # W's, not Q(W)'s
             qat = recipe.weight_qat
             weight = quantize(weight, qat.scheme, rounding=qat.rounding).dequantize(weight.dtype)
 
@@ -343,13 +372,13 @@ class _QuantizedLinearFn(torch.autograd.Function):
         elif recipe.weight_qat is not None:  # Q(W) is a new tensor each call: nothing to reuse
             b = _prepare(weight, fp.b, fp, 1, dt, amax_w)
         else:
-            b = cfg.weight_operand(weight, fp.b, fp, 1, dt, amax_w)
+            b = cfg.weight_operand(weight, fp.b, fp, 1, dt, amax_w, weight_amax)
         out = _matmul(a, b, x.dtype, recipe, cfg.native, fp)  # a drop-in: output in x's dtype
         if bias is not None:
             out = out + bias.to(out.dtype)
         if state is not None:
             state.record("input", x2)
-            state.record("weight", weight)
+            state.record("weight", weight, amax=weight_amax)
 
         # save what the backward GEMMs need, and nothing else
         dg = recipe.dgrad
@@ -368,6 +397,10 @@ class _QuantizedLinearFn(torch.autograd.Function):
         if x_amaxes is not None:  # wgrad's tensor amax of the input, after the input's tensors
             ctx.x_amax_at = len(saved)
             saved.append(x_amaxes[1])
+        ctx.weight_amax_at = None
+        if weight_amax is not None:  # the weight's own amax, for dgrad's column-wise copy
+            ctx.weight_amax_at = len(saved)
+            saved.append(weight_amax)
         # In a compiled graph, dgrad's column-wise weight takes the forward's one scale (the
         # weight is unchanged, so its amax is too) instead of reading the fp32 weight again for
         # its amax; eagerly the fused kernels make it, or the weight cache keeps it.
@@ -419,7 +452,8 @@ class _QuantizedLinearFn(torch.autograd.Function):
             elif recipe.weight_qat is not None:  # column-wise: along N
                 b = _prepare(weight, dg.b, dg, 0, dt, ctx.amax_w)
             else:
-                b = cfg.weight_operand(weight, dg.b, dg, 0, dt, ctx.amax_w)
+                known = ctx.saved_tensors[ctx.weight_amax_at] if ctx.weight_amax_at is not None else None
+                b = cfg.weight_operand(weight, dg.b, dg, 0, dt, ctx.amax_w, known)
             grad_input = _matmul(a, b, ctx.x_dtype, recipe, cfg.native, dg).reshape(ctx.x_shape)
 
         # ---- wgrad: grad_weight = grad_output_t @ input ---------------- (N, M) · (K, M)ᵀ
@@ -443,7 +477,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
             state.record("grad_output", g2)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = g2.float().sum(0)
-        return grad_input, grad_weight, grad_bias, None, *([None] * ctx.n_prepared)
+        return grad_input, grad_weight, grad_bias, None, None, *([None] * ctx.n_prepared)
 
 
 class QuantizedLinear(nn.Linear):
@@ -501,6 +535,8 @@ class QuantizedLinear(nn.Linear):
                                recompute_weight_values)
         self._prepared: tuple = ()  # prepare_weight: the operands' tensors, inputs of the autograd function
         self._prepared_version = -1  # and the weight's version when they were made
+        self._weight_amax: torch.Tensor | None = None  # set_weight_amax: the weight's amax,
+        self._weight_amax_version = -1  # given, and the weight's version then
 
     @property
     def save_quantized_input(self) -> bool:
@@ -550,8 +586,10 @@ class QuantizedLinear(nn.Linear):
         if (r.weight_qat is not None or self.delayed_scaling is not None
                 or any(op.scheme is None or op.rounding != "nearest" for op, _, _ in ops)):
             return False
+        known = self._weight_amax if self._weight_amax_version == self.weight._version else None
         with torch.no_grad():
-            made = [_prepare(self.weight, op, gemm, axis, r.compute_dtype, None, True) for op, gemm, axis in ops]
+            made = [_prepare(self.weight, op, gemm, axis, r.compute_dtype, None, True,
+                             known if gemm.hadamard is None else None) for op, gemm, axis in ops]
         shells = tuple(replace(q, data=None, scale=None, tensor_scale=None) for q in made)
         if cfg.prepared != shells:  # kept when equal: a compiled graph guards on this object
             cfg.prepared = shells
@@ -563,15 +601,47 @@ class QuantizedLinear(nn.Linear):
         """Drop the operands of `prepare_weight` (forwards quantize the weight again)."""
         self._prepared = ()
 
+    @property
+    def uses_weight_amax(self) -> bool:
+        """Whether a quantizer of this layer's weight takes its amax, max |W| (`set_weight_amax`):
+        the forward's weight operand has one scale for the tensor (FP8 tensorwise; delayed
+        scaling, whose history records it) or a tensor level (NVFP4), under no transform, with
+        no weight QAT."""
+        r = self.recipe
+        if r.weight_qat is not None or r.fprop.b.scheme is None or r.fprop.hadamard is not None:
+            return False
+        s = get_scheme(r.fprop.b.scheme)
+        return s.block == (-1, -1) or s.two_level
+
+    def set_weight_amax(self, amax: torch.Tensor | None) -> None:
+        """Give the weight's amax, max |W| (a 0-d fp32 tensor on its device, NaN if W holds
+        NaN), as it is now — the fused AdamW finds it while writing W (`AdamW.weight_amax`) —
+        so that the per-tensor quantizers of W (FP8 tensorwise's, delayed scaling's amax
+        history, NVFP4's tensor level) take it instead of reading W for it; None forgets it.
+        The quantized weight is the same bits either way when it is W's amax.
+
+        It holds while W is unchanged: an eager forward checks W's version counter and reads W
+        again once it moved; a compiled graph cannot check, so whoever gives it gives it again
+        before every forward (`set_weight_amaxes`; the trainer and `bench train` do, each step,
+        from their AdamW)."""
+        if amax is not None and (not isinstance(amax, torch.Tensor) or amax.numel() != 1
+                                 or amax.dtype != torch.float32 or amax.device != self.weight.device):
+            raise ValueError(f"set_weight_amax takes one fp32 value on {self.weight.device} (or None)")
+        self._weight_amax = None if amax is None else amax.reshape(())
+        self._weight_amax_version = self.weight._version
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.delayed_scaling is not None:
             self.delayed_scaling.recording = self.training and torch.is_grad_enabled()
         self._config.grad_enabled = torch.is_grad_enabled()  # (the autograd function's forward runs without)
-        prepared = self._prepared
-        if prepared and not torch.compiler.is_compiling() and self.weight._version != self._prepared_version:
-            raise RuntimeError("the weight changed after prepare_weight(); call release_weight() before "
-                               "changing it, or prepare_weight() again")
-        return _QuantizedLinearFn.apply(x, self.weight, self.bias, self._config, *prepared)
+        prepared, amax = self._prepared, self._weight_amax
+        if not torch.compiler.is_compiling():
+            if prepared and self.weight._version != self._prepared_version:
+                raise RuntimeError("the weight changed after prepare_weight(); call release_weight() before "
+                                   "changing it, or prepare_weight() again")
+            if amax is not None and self.weight._version != self._weight_amax_version:
+                amax = self._weight_amax = None  # W changed since: its quantizers read it again
+        return _QuantizedLinearFn.apply(x, self.weight, self.bias, amax, self._config, *prepared)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}"

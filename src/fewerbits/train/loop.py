@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..convert import Policy, compile_model
 from ..hardware import resolve_device
-from ..linear import QuantizedLinear
+from ..linear import QuantizedLinear, set_weight_amaxes
 from ..models import Llama, get_preset
 from ..recipes import get_recipe
 from . import checkpoint as ckpt
@@ -270,6 +270,9 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
             loss_value = 0.0
             # compiled graphs do not look into the weight cache: they take the step's quantized
             # weights as inputs, made here once for all its micro-batches
+            # the weights' amaxes as the fused AdamW found them writing the weights (per-tensor
+            # quantizers then read no weight for them), before the weights are prepared
+            set_weight_amaxes(model, opt.weight_amax)
             prepared = prepare_weights(model) if compiled and cfg.grad_accum > 1 else []
             for micro in range(cfg.grad_accum):
                 x, y = (t.to(device) for t in batch(data.train, cfg.batch_size, cfg.seq_len, cfg.seed, step, micro))
@@ -320,6 +323,7 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
                     **({"spike": True} if spike else {}),
                 })
             if (step + 1) % cfg.eval_every == 0 or last:
+                set_weight_amaxes(model, opt.weight_amax)
                 val = evaluate(step_model, windows, cfg.batch_size, device)
                 val_losses.append((step + 1, val))
                 metrics.log({"step": step + 1, "val_loss": val})
