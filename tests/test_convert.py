@@ -277,6 +277,30 @@ def test_compiled_block_casts_take_their_codes_from_the_one_kernel(monkeypatch):
     assert same
 
 
+def test_compiled_rowwise_column_copies_take_their_codes_from_the_kernel(monkeypatch):
+    """In a compiled graph fp8_rowwise's column-wise copies (one scale per column: the
+    weight-gradient GEMM's operands, dgrad's weight) come from the reduction-then-kernel path,
+    called as the operator fewerbits::rowblock_codes; its row-wise operands stay with inductor:
+    forward and backward are eager mode's bits, in one graph (the kernel interpreted on a CPU,
+    under the triton backend)."""
+    from fewerbits.kernels import rowblock
+
+    calls = []
+    real = rowblock.quantize_with_amax
+
+    def counted(X, scheme, seed, amax=None, **kwargs):
+        calls.append((scheme.name, tuple(X.shape)))
+        return real(X, scheme, seed, amax, **kwargs)
+
+    monkeypatch.setattr(rowblock, "quantize_with_amax", counted)
+    same, explained = compiled_under_triton("fp8_rowwise", calls)
+    # backward: each Linear's grad_output and input column-wise (wgrad), the second Linear's
+    # weight column-wise (dgrad; x needs no gradient, so the first makes none)
+    assert len(calls) == 5 and all(name == "fp8_e4m3_row" for name, _ in calls), calls
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
+    assert same
+
+
 def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatch):
     """In a compiled graph the column-wise copies of per-tensor FP8 codes (wgrad's input and
     grad_output) come from the tiled transpose kernel, called as the operator

@@ -99,7 +99,7 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
                   tensor_amax=tensor_amax)
     if not uses_triton(x):
         scheme_ = get_scheme(scheme, scale_rule)
-        if amax is None and codes_in_one_kernel(x, scheme_):  # a compiled graph: the kernel's operator
+        if amax is None and codes_in_one_kernel(x, scheme_, axis):  # a compiled graph: the kernel's operator
             ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
             codes, scales = torch.ops.fewerbits.rowblock_codes(X, scheme_.name, scheme_.scale_rule, seed)
             return QuantizedTensor(codes, scales, scheme_, x.shape, ax)
@@ -168,7 +168,7 @@ def _graph_calls_operators(x: torch.Tensor) -> bool:
             and (_backend == "triton" or x.is_cuda))
 
 
-def codes_in_one_kernel(x: torch.Tensor, scheme) -> bool:
+def codes_in_one_kernel(x: torch.Tensor, scheme, axis: int = -1) -> bool:
     """Whether a graph torch.compile traces quantizes x by the one-read kernel (kernels/rowblock.py),
     called as the operator `fewerbits::rowblock_codes`, instead of compiling the reference's
     operations: FP8 codes of 1 × bc or square blocks with fp32 scales (fp8_blockwise's 1x128
@@ -180,14 +180,25 @@ def codes_in_one_kernel(x: torch.Tensor, scheme) -> bool:
     169.2 ms a step), and 162.8 ms once they were rounded by one addition (v25). Outside
     compiled graphs `quantize` calls the same kernel directly. (The operator takes any scheme
     the kernel does, 4-bit codes packed; MX codes, which compiled graphs make only for a saved
-    quantized input, stay with inductor until timed.)"""
+    quantized input, stay with inductor until timed.)
+
+    Per-row FP8 codes quantized along another axis than x's last (fp8_rowwise's column-wise
+    copies for the weight-gradient GEMM: one scale per column of x) come from the operator too,
+    whose amax is torch's reduction over x's columns before the kernel: inductor fused that
+    reduction across rows with the cast and the operations producing x (one kernel took
+    11.4 ms of fp8_rowwise's step in 8 calls, docs/kernels-notes.md v26). Rows along x's last
+    axis stay with inductor, which reduces each row in the kernel that produces it."""
     if not _graph_calls_operators(x):
         return False
     from . import rowblock
 
     scheme = get_scheme(scheme)
-    return (rowblock.supported(scheme) and not scheme.two_level and scheme.elem.bits == 8
-            and scheme.scale_fmt.bits == 32 and _registry_scheme(scheme))
+    if not (scheme.elem.bits == 8 and scheme.scale_fmt.bits == 32 and not scheme.two_level
+            and _registry_scheme(scheme)):
+        return False
+    if scheme.block == (1, -1):
+        return x.dim() >= 2 and normalize_axis(axis, x.dim()) != x.dim() - 1
+    return rowblock.supported(scheme)
 
 
 # The operators are defined with torch.library.Library rather than torch.library.custom_op:
@@ -241,13 +252,17 @@ def _rowblock_codes(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.T
     as an operator for compiled graphs (`codes_in_one_kernel`)."""
     from . import rowblock
 
-    codes, scales, _ = rowblock.quantize_rowblocks(X, get_scheme(scheme, scale_rule), seed)
+    s = get_scheme(scheme, scale_rule)
+    if s.block == (1, -1):  # one scale per row: the reduction, then the kernel
+        return rowblock.quantize_with_amax(X, s, seed)
+    codes, scales, _ = rowblock.quantize_rowblocks(X, s, seed)
     return codes, scales
 
 
 def _rowblock_codes_fake(X, scheme, scale_rule, seed):
     s = get_scheme(scheme, scale_rule)
     (br, bc), (R, C) = s.block, X.shape
+    bc = C if bc == -1 else bc  # one block per row
     codes = X.new_empty((R, (C + 1) // 2 if s.elem.bits == 4 else C), dtype=torch.uint8)
     scale_dtype = torch.uint8 if s.scale_fmt.bits <= 8 else torch.float32
     return codes, X.new_empty((-(-R // br), -(-C // bc)), dtype=scale_dtype)
