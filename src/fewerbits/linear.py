@@ -41,6 +41,10 @@ transform. Where the values kernel makes those operands, one read of the input f
 amaxes in the forward (the transformed one is saved, a scalar) and one read of the gradient its
 two in the backward (`kernels.two_amaxes`), instead of a pass for each amax.
 
+A weight's amax, max |W|, can be given (`set_weight_amax`; the trainer gives the one the fused
+AdamW finds as it writes W, through `set_weight_amaxes`): the weight's per-tensor quantizers
+(FP8 tensorwise, delayed scaling's history, NVFP4's tensor level) then read no weight for it.
+
 Delayed scaling (`fp8_delayed`) keeps, per tensor role (input, weight, grad_output), an amax
 history and the amax the next quantization uses, as buffers: they are saved and restored with
 `state_dict()`.
