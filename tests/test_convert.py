@@ -428,10 +428,9 @@ def test_compiled_block_scales_survive_the_gpus_division_rewrite(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_compile_model_by_blocks_traces_one_block_for_all():
-    """compile_model(blocks=True) compiles each block in place: one graph serves every block,
-    and the quantized Linears' outputs and weight gradients are eager mode's bits (RMSNorm's
-    weight gradients are fp32 sums in another order)."""
+def tiny_fp8_llama(n_layers: int):
+    """A small Llama under fp8_tensorwise (every Linear but the head) and a batch of token ids,
+    with dynamo's caches and counters reset and the seed fixed."""
     from torch._dynamo.utils import counters
 
     from fewerbits.models import Llama, ModelConfig
@@ -440,10 +439,20 @@ def test_compile_model_by_blocks_traces_one_block_for_all():
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    cfg = ModelConfig(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=128, max_seq_len=32)
+    cfg = ModelConfig(dim=64, n_layers=n_layers, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=128,
+                      max_seq_len=32)
     model = Llama(cfg)
     apply_recipe(model, "fp8_tensorwise", policy=fb.Policy(min_features=0, keep_last_blocks=0))
-    ids = torch.randint(0, 128, (2, 32))
+    return model, torch.randint(0, 128, (2, 32))
+
+
+def test_compile_model_by_blocks_traces_one_block_for_all():
+    """compile_model(blocks=True) compiles each block in place: one graph serves every block,
+    and the quantized Linears' outputs and weight gradients are eager mode's bits (RMSNorm's
+    weight gradients are fp32 sums in another order)."""
+    from torch._dynamo.utils import counters
+
+    model, ids = tiny_fp8_llama(n_layers=3)
     eager = model(ids)
     eager.float().square().sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -471,16 +480,8 @@ def test_compiled_blocks_take_the_weights_amaxes_as_inputs():
     from torch._dynamo.utils import counters
 
     from fewerbits.linear import set_weight_amaxes
-    from fewerbits.models import Llama, ModelConfig
-    from fewerbits.train.precision import apply_recipe
 
-    torch._dynamo.reset()
-    counters.clear()
-    torch.manual_seed(0)
-    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=128, max_seq_len=32)
-    model = Llama(cfg)
-    apply_recipe(model, "fp8_tensorwise", policy=fb.Policy(min_features=0, keep_last_blocks=0))
-    ids = torch.randint(0, 128, (2, 32))
+    model, ids = tiny_fp8_llama(n_layers=2)
 
     def step(forward):
         set_weight_amaxes(model)
