@@ -248,8 +248,9 @@ def _rowblock_values_fake(X, scheme, scale_rule, seed, hadamard_signs, tensor_am
 
 
 def _rowblock_codes(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.Tensor | None):
-    """`quantize`'s codes and stored block scales of the (R, C) matrix X by the one-read kernel,
-    as an operator for compiled graphs (`codes_in_one_kernel`)."""
+    """`quantize`'s codes and stored block scales of the (R, C) matrix X by the one-read kernel
+    (one block per row: torch's reduction of the rows, then the kernel), as an operator for
+    compiled graphs (`codes_in_one_kernel`)."""
     from . import rowblock
 
     s = get_scheme(scheme, scale_rule)

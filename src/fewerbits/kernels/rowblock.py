@@ -559,10 +559,10 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     elem = scheme.elem
     per_row = scheme.block == (1, -1)
     inf = float("inf")
-    if tensor_amax is not None and not per_row:
-        actual = tensor_amax
-    elif per_row:
+    if per_row:
         actual = torch.linalg.vector_norm(X, ord=inf, dim=1)
+    elif tensor_amax is not None:
+        actual = tensor_amax
     else:
         actual = torch.linalg.vector_norm(X, ord=inf)
     actual = actual.float().reshape(-1)

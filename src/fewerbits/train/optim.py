@@ -74,7 +74,9 @@ class AdamW(torch.optim.Optimizer):
         grad_scale: a one-element tensor (`clip_coefficient`'s coefficient) that every gradient
         is multiplied by first — the update clipping then stepping would make, bit for bit. The
         fused kernel applies it as it reads the gradient (no pass of its own) and leaves the
-        gradient as it was; the multi-tensor path scales the gradients in place first."""
+        gradient as it was; the multi-tensor path scales the gradients in place first.
+
+        The fused kernel also finds each parameter's amax as it writes it (`weight_amax`)."""
         if closure is not None:
             raise ValueError("AdamW.step takes no closure")
         if grad_scale is not None and (not isinstance(grad_scale, torch.Tensor) or grad_scale.numel() != 1
@@ -87,6 +89,10 @@ class AdamW(torch.optim.Optimizer):
         slots = {dev: torch.zeros(sum(p.device == dev for p in fused), dtype=torch.int32, device=dev)
                  for dev in {p.device for p in fused}}
         taken = dict.fromkeys(slots, 0)
+        slot_of = {}  # id(parameter) → its slot, for the parameters the kernel updates
+        for p in fused:
+            slot_of[id(p)] = slots[p.device][taken[p.device]:taken[p.device] + 1]
+            taken[p.device] += 1
         for group in self.param_groups:
             b1, b2 = group["betas"]
             batches: dict = {}
@@ -102,11 +108,10 @@ class AdamW(torch.optim.Optimizer):
                 if grad_scale is not None and p.device not in scales:
                     scales[p.device] = grad_scale.reshape(()).to(p.device)
                 scale = scales.get(p.device)
-                if self._fused_for(p):
+                bits = slot_of.get(id(p))
+                if bits is not None:  # the fused kernel
                     from ..kernels.adamw import adamw_step
 
-                    bits = slots[p.device][taken[p.device]:taken[p.device] + 1]
-                    taken[p.device] += 1
                     adamw_step(p, state["exp_avg"], state["exp_avg_sq"], lr=group["lr"], beta1=b1, beta2=b2,
                                eps=group["eps"], weight_decay=group["weight_decay"], step=state["step"].item(),
                                grad_scale=None if scale is None else scale.float(), amax_bits=bits)
