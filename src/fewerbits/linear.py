@@ -302,6 +302,11 @@ def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native, gemm: Gemm) ->
     return (A @ B.t()).to(out_dtype)
 
 
+def _untransformed(gemm: Gemm, own_amax):
+    """A tensor's own amax where it is the amax of gemm's operand (no transform), else None."""
+    return own_amax if gemm.hadamard is None else None
+
+
 class _Config:
     """The non-tensor arguments of the autograd function (one per module)."""
 
@@ -323,8 +328,7 @@ class _Config:
         scaling amaxes or stochastic rounding is prepared afresh each time, as its definition
         asks; so is every weight while a graph is being traced. known_amax: the weight's own
         amax, given (`QuantizedLinear.set_weight_amax`), used where the GEMM has no transform."""
-        if gemm.hadamard is not None:
-            known_amax = None
+        known_amax = _untransformed(gemm, known_amax)
         reusable = (self.cache_weight and amax is None and op.rounding == "nearest"
                     and not torch.compiler.is_compiling())
         if not reusable:
@@ -590,10 +594,10 @@ class QuantizedLinear(nn.Linear):
         if (r.weight_qat is not None or self.delayed_scaling is not None
                 or any(op.scheme is None or op.rounding != "nearest" for op, _, _ in ops)):
             return False
-        known = self._weight_amax if self._weight_amax_version == self.weight._version else None
+        known = self._given_weight_amax()
         with torch.no_grad():
-            made = [_prepare(self.weight, op, gemm, axis, r.compute_dtype, None, True,
-                             known if gemm.hadamard is None else None) for op, gemm, axis in ops]
+            made = [_prepare(self.weight, op, gemm, axis, r.compute_dtype, None, True, _untransformed(gemm, known))
+                    for op, gemm, axis in ops]
         shells = tuple(replace(q, data=None, scale=None, tensor_scale=None) for q in made)
         if cfg.prepared != shells:  # kept when equal: a compiled graph guards on this object
             cfg.prepared = shells
@@ -634,18 +638,24 @@ class QuantizedLinear(nn.Linear):
         self._weight_amax = None if amax is None else amax.reshape(())
         self._weight_amax_version = self.weight._version
 
+    def _given_weight_amax(self) -> torch.Tensor | None:
+        """The amax `set_weight_amax` gave: dropped (None) once the weight's version has moved,
+        where that can be checked (not while a graph is traced, which takes it as given)."""
+        if (self._weight_amax is not None and not torch.compiler.is_compiling()
+                and self.weight._version != self._weight_amax_version):
+            self._weight_amax = None  # W changed since: its quantizers read it again
+        return self._weight_amax
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.delayed_scaling is not None:
             self.delayed_scaling.recording = self.training and torch.is_grad_enabled()
         self._config.grad_enabled = torch.is_grad_enabled()  # (the autograd function's forward runs without)
-        prepared, amax = self._prepared, self._weight_amax
-        if not torch.compiler.is_compiling():
-            if prepared and self.weight._version != self._prepared_version:
-                raise RuntimeError("the weight changed after prepare_weight(); call release_weight() before "
-                                   "changing it, or prepare_weight() again")
-            if amax is not None and self.weight._version != self._weight_amax_version:
-                amax = self._weight_amax = None  # W changed since: its quantizers read it again
-        return _QuantizedLinearFn.apply(x, self.weight, self.bias, amax, self._config, *prepared)
+        prepared = self._prepared
+        if prepared and not torch.compiler.is_compiling() and self.weight._version != self._prepared_version:
+            raise RuntimeError("the weight changed after prepare_weight(); call release_weight() before "
+                               "changing it, or prepare_weight() again")
+        return _QuantizedLinearFn.apply(x, self.weight, self.bias, self._given_weight_amax(), self._config,
+                                        *prepared)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}"
