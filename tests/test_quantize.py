@@ -460,6 +460,26 @@ def test_the_element_pass_never_rounds_a_nan(name, monkeypatch):
     assert True in seen  # the element pass went through the check (scale codes come as well)
 
 
+def test_an_amax_to_quantize_by_is_one_value_or_one_per_block():
+    """amax= gives one value for all blocks or one per block, in any shape holding as many
+    ((R,) or (R, 1) for one scale per row: the same scales); any other count — which would
+    broadcast against the blocks into scales of another shape — or a non-float is refused."""
+    x = torch.from_numpy(hard_matrix(30, 50, specials=True))
+    per_row = torch.linspace(0.5, 8.0, 30)
+    a = quantize(x, "fp8_e4m3_row", amax=per_row)
+    b = quantize(x, "fp8_e4m3_row", amax=per_row.reshape(30, 1))
+    bits = lambda q: q.scale.view(torch.int32)  # noqa: E731 (NaN scales where a row holds NaN or inf)
+    assert a.scale.shape == (30, 1) and torch.equal(bits(a), bits(b)) and torch.equal(a.data, b.data)
+    assert not torch.equal(bits(a), bits(quantize(x, "fp8_e4m3_row")))  # the amax given is the one used
+    assert quantize(x, "fp8_e4m3_row", amax=torch.tensor([2.0])).scale.shape == (30, 1)
+    with pytest.raises(ValueError, match=r"one per block \(30\), not 50"):
+        quantize(x, "fp8_e4m3_row", amax=torch.ones(50))
+    with pytest.raises(ValueError, match=r"one per block \(1\), not 30"):
+        quantize(x, "fp8_e4m3_tensor", amax=per_row)
+    with pytest.raises(ValueError, match="floating-point tensor, not float"):
+        quantize(x, "fp8_e4m3_tensor", amax=2.0)
+
+
 @pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor"])
 @pytest.mark.parametrize("special", [None, float("nan"), float("inf")])
 def test_requantize_along_the_other_axis_takes_the_same_scale(name, special):

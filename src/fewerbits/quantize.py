@@ -251,7 +251,7 @@ def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None,
     if amax is None:
         amax = actual
     else:
-        amax = torch.where(torch.isfinite(actual), amax.float().to(X.device), actual)
+        amax = torch.where(torch.isfinite(actual), check_amax(amax, actual), actual)
     tensor_scale = None
     # Per block: the scale to store, and the factor the elements are divided or multiplied by.
     if scheme.two_level:
@@ -264,6 +264,21 @@ def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None,
         scales = factor = amax_scale(amax, scheme.elem)
     noise = draw_noise((rows, cols), x.device, generator) if rounding == "stochastic" else None
     return Plan(x.shape, axis, scheme, X, br, bc, scales, factor, tensor_scale, noise)
+
+
+def check_amax(amax, actual: torch.Tensor) -> torch.Tensor:
+    """An amax to quantize by (delayed scaling's), as fp32 in the shape of the blocks' actual
+    amaxes `actual` on their device: one value for all blocks, or one per block in any shape
+    holding as many (a per-row scheme's (R,) or (R, 1)); a clear error for anything else, which
+    would otherwise broadcast against the blocks into scales of another shape."""
+    if not isinstance(amax, torch.Tensor) or not amax.is_floating_point():
+        raise ValueError(f"amax must be a floating-point tensor, not {type(amax).__name__}"
+                         + (f" of {amax.dtype}" if isinstance(amax, torch.Tensor) else ""))
+    if amax.numel() not in (1, actual.numel()):
+        raise ValueError(f"amax must hold one value for all blocks or one per block ({actual.numel()}), "
+                         f"not {amax.numel()} (shape {tuple(amax.shape)})")
+    amax = amax.float().to(actual.device)
+    return amax.reshape(()) if amax.numel() == 1 else amax.reshape(actual.shape)
 
 
 def check_tensor_amax(tensor_amax, device) -> torch.Tensor:
