@@ -121,6 +121,40 @@ def test_one_amax_per_tensor_or_row_with_specials_overrides_and_layouts(name):
     assert same(kernels.quantize(base, name, generator=gen(), **sr), fb.quantize(base, name, generator=gen(), **sr))
 
 
+@pytest.mark.parametrize("scheme", [fb.get_scheme("fp8_e4m3_row"), fb.get_scheme("fp8_e4m3_row", "rceil"),
+                                    fb.get_scheme("fp8_e4m3_row", "floor"), fb.Scheme("fp8_e5m2", (1, -1), "fp32"),
+                                    fb.Scheme("int8", (1, -1), "fp32"), fb.Scheme("fp6_e3m2", (1, -1), "fp32")],
+                         ids=lambda s: s.describe())
+def test_per_row_codes_of_a_column_read_come_from_the_column_kernel(scheme):
+    """One scale per column of x (fp8_rowwise's column-wise copies: x.t(), whose rows are
+    contiguous in memory) by `_column_codes_kernel`, which loads tiles as memory holds them and
+    transposes the codes on chip: the reference's bits for fp32, bf16 and fp16, over several
+    tiles each way with ragged edges, columns of wildly different scales, zero, NaN and inf
+    columns, stochastic rounding and a delayed-scaling override; the row kernel gives the same
+    bits; a row read or 4-bit codes are refused by name."""
+    from fewerbits.kernels import rowblock
+
+    wide = torch.from_numpy(hard_matrix(200, 300, seed=11, specials=True)).t().contiguous()  # scales per column
+    tall = torch.from_numpy(hard_matrix(300, 200, seed=12, specials=True))
+    assert rowblock.column_codes_supported(tall.t(), scheme) and not rowblock.column_codes_supported(tall, scheme)
+    for x in (wide, tall, wide.bfloat16(), tall.half()):
+        x = x.to(DEVICE)
+        ref = fb.quantize(x, scheme, axis=0)
+        assert same(kernels.quantize(x, scheme, axis=0), ref), x.dtype
+        codes, scales = rowblock.quantize_with_amax(x.t(), scheme, None, columns=False)
+        if scheme.elem.bits == 8:
+            assert torch.equal(codes, ref.data) and torch.equal(scales.view(torch.int32), ref.scale.view(torch.int32))
+    x = wide.to(DEVICE)
+    gen = lambda: torch.Generator(device=DEVICE).manual_seed(5)  # noqa: E731
+    sr = dict(rounding="stochastic", axis=0)
+    assert same(kernels.quantize(x, scheme, generator=gen(), **sr), fb.quantize(x, scheme, generator=gen(), **sr))
+    override = torch.full((200,), 0.5, device=DEVICE)  # one per column
+    assert same(kernels.quantize(x, scheme, axis=0, amax=override), fb.quantize(x, scheme, axis=0, amax=override))
+    with pytest.raises(ValueError, match="rows are contiguous"):
+        rowblock.quantize_with_amax(x, scheme, None, columns=True)
+    assert not rowblock.column_codes_supported(x.t(), fb.Scheme("fp4_e2m1", (1, -1), "fp32"))
+
+
 @pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor", "nvfp4", "nvfp4_16x16"])
 def test_a_given_tensor_amax_gives_the_tensors_own_codes(name):
     """quantize(x, tensor_amax=max |x|) — a weight's amax as the fused AdamW finds it — is

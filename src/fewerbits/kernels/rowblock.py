@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from ..codes import code_table
+from ..quantize import check_amax
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
 from .cast import _encode_store, _round_codes, _round_values, _seed_noise, _to_bf16, format_constants
@@ -73,57 +74,18 @@ def _hadamard_blocks(x, signs_ptr, h_scale, TILE_R: tl.constexpr, NB: tl.constex
     return x * h_scale
 
 
-@triton.jit(do_not_specialize=["row_stride"])
-def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, ssr, row_stride,
-                     elem_max, rcp_max, tensor_scales_ptr, amax_ptr, signs_ptr, h_scale, enc_numerator, s_dec_ptr,
-                     BC: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, RULE: tl.constexpr,
-                     KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr,
-                     STOCHASTIC: tl.constexpr, PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
-                     BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
-                     BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
-                     SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
-                     X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr,
-                     MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr):
-    NB: tl.constexpr = TILE_C // BC
-    # the tile as (TILE_R, NB, BC): rows, blocks, a block's columns; a block's amax and its
-    # factor broadcast back along the last axis, with no reshape between (a reshape can make
-    # the compiler move the tile through shared memory)
-    rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
-    rows3 = rows[:, None, None]
-    cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[None, :, None] + tl.arange(0, BC)[None, None, :]
-    inside3 = (rows3 < R) & (cols3 < C)
-    # AS_ROWS: the row stride (1: a column read) from an argument the compiler does not
-    # specialize; not seeing that the rows are contiguous, it lays the tile out as for a row
-    # read (`column_read_as_rows`), loading element by element
-    offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
-    if X_BF16:  # bf16 bits widened by hand: exact for subnormals everywhere (Triton's
-        # interpreter converts bf16 subnormals wrongly)
-        xb = tl.load(x_ptr + offsets, mask=inside3, other=0)
-        xbits = xb.to(tl.int32) << 16
-        x = xbits.to(tl.float32, bitcast=True)
-    else:
-        x = tl.load(x_ptr + offsets, mask=inside3, other=0.0).to(tl.float32)
-        xbits = x.to(tl.int32, bitcast=True)
-    if H_STAGES > 0:  # the blocks transformed first (C a multiple of BC: no padding in a block)
-        x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, H_STAGES)
-        xbits = x.to(tl.int32, bitcast=True)
-
-    # ---- amax of each block: (TILE_R, NB) -------------------------------------------------
-    if AMAX_MODE == 0:  # BR × BC blocks: reduced here, as the largest |x| bit pattern — for
-        # non-negative floats the integer order is the float order, and every NaN pattern is
-        # above inf's, so a NaN anywhere makes the block's amax a NaN, in one reduction
-        amax_bits = tl.max(xbits & 0x7FFFFFFF, axis=2)
-        if BR > 1:  # the tile's rows are one block row: reduce over them too
-            amax_bits = tl.broadcast_to(tl.max(amax_bits, axis=0)[None, :], (TILE_R, NB))
-        amax = amax_bits.to(tl.float32, bitcast=True)
-    else:  # one block per row (1) or one for the tensor (2): the amax comes from amax_ptr
-        a_row = tl.load(amax_ptr + rows * (1 if AMAX_MODE == 1 else 0), mask=rows < R, other=0.0)
-        amax = tl.broadcast_to(a_row[:, None], (TILE_R, NB))
+@triton.jit
+def _block_scale(amax, elem_max, rcp_max, tensor_scales_ptr, enc_numerator, s_dec_ptr, RULE: tl.constexpr,
+                 KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr, M: tl.constexpr):
+    """(scale, factor, code) of blocks with these amaxes under the scale rule RULE: the fp32
+    scale, what the elements are multiplied by (or, for an fp32 scale, divided by), and the
+    scale's code where it is stored as one (E8M0, NVFP4's E4M3); NaN scale and factor where the
+    amax is not finite."""
     finite = amax < float("inf")  # False for inf and NaN
     abits = amax.to(tl.int32, bitcast=True)
     afield = (abits >> 23) & 0xFF
+    code = afield  # replaced below by the code of a scale stored as one (E8M0, E4M3)
 
-    # ---- the scale rule ------------------------------------------------------------------
     if RULE == 0:  # fp32: amax / max, at least fp32's smallest normal
         scale = tl.maximum(tl.div_rn(amax, elem_max), 1.1754943508222875e-38)
         factor = scale
@@ -174,6 +136,57 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
         code = tl.where(finite, k + 127, 0xFF)  # the E8M0 code
     scale = tl.where(finite, scale, float("nan"))
     factor = tl.where(finite, factor, float("nan"))
+    return scale, factor, code
+
+
+@triton.jit(do_not_specialize=["row_stride"])
+def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, ssr, row_stride,
+                     elem_max, rcp_max, tensor_scales_ptr, amax_ptr, signs_ptr, h_scale, enc_numerator, s_dec_ptr,
+                     BC: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, RULE: tl.constexpr,
+                     KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr,
+                     STOCHASTIC: tl.constexpr, PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
+                     BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+                     BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
+                     SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
+                     X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr,
+                     MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr):
+    NB: tl.constexpr = TILE_C // BC
+    # the tile as (TILE_R, NB, BC): rows, blocks, a block's columns; a block's amax and its
+    # factor broadcast back along the last axis, with no reshape between (a reshape can make
+    # the compiler move the tile through shared memory)
+    rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
+    rows3 = rows[:, None, None]
+    cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[None, :, None] + tl.arange(0, BC)[None, None, :]
+    inside3 = (rows3 < R) & (cols3 < C)
+    # AS_ROWS: the row stride (1: a column read) from an argument the compiler does not
+    # specialize; not seeing that the rows are contiguous, it lays the tile out as for a row
+    # read (`column_read_as_rows`), loading element by element
+    offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
+    if X_BF16:  # bf16 bits widened by hand: exact for subnormals everywhere (Triton's
+        # interpreter converts bf16 subnormals wrongly)
+        xb = tl.load(x_ptr + offsets, mask=inside3, other=0)
+        xbits = xb.to(tl.int32) << 16
+        x = xbits.to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(x_ptr + offsets, mask=inside3, other=0.0).to(tl.float32)
+        xbits = x.to(tl.int32, bitcast=True)
+    if H_STAGES > 0:  # the blocks transformed first (C a multiple of BC: no padding in a block)
+        x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, H_STAGES)
+        xbits = x.to(tl.int32, bitcast=True)
+
+    # ---- amax of each block: (TILE_R, NB) -------------------------------------------------
+    if AMAX_MODE == 0:  # BR × BC blocks: reduced here, as the largest |x| bit pattern — for
+        # non-negative floats the integer order is the float order, and every NaN pattern is
+        # above inf's, so a NaN anywhere makes the block's amax a NaN, in one reduction
+        amax_bits = tl.max(xbits & 0x7FFFFFFF, axis=2)
+        if BR > 1:  # the tile's rows are one block row: reduce over them too
+            amax_bits = tl.broadcast_to(tl.max(amax_bits, axis=0)[None, :], (TILE_R, NB))
+        amax = amax_bits.to(tl.float32, bitcast=True)
+    else:  # one block per row (1) or one for the tensor (2): the amax comes from amax_ptr
+        a_row = tl.load(amax_ptr + rows * (1 if AMAX_MODE == 1 else 0), mask=rows < R, other=0.0)
+        amax = tl.broadcast_to(a_row[:, None], (TILE_R, NB))
+    scale, factor, code = _block_scale(amax, elem_max, rcp_max, tensor_scales_ptr, enc_numerator, s_dec_ptr,
+                                       RULE, KMIN, KMAX, EMAX_ELEM, M)
 
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
     srows = rows
@@ -545,19 +558,78 @@ def amax_supported(scheme: Scheme) -> bool:
     return scheme.block in ((-1, -1), (1, -1)) and not scheme.two_level and scheme.scale_fmt.bits == 32
 
 
+@triton.jit
+def _column_codes_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, amax_ptr, R, C, sxc, sor, elem_max, rcp_max,
+                         TILE_R: tl.constexpr, TILE_C: tl.constexpr, RULE: tl.constexpr, KMIN: tl.constexpr,
+                         KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr, STOCHASTIC: tl.constexpr, E: tl.constexpr,
+                         M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                         MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
+                         NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, X_BF16: tl.constexpr):
+    """One-byte codes of an (R, C) matrix whose rows are contiguous (element (r, c) at
+    r + c · sxc), one scale per row from its amax at amax_ptr[r]: a program loads a tile as
+    memory holds it, (TILE_C, TILE_R), computes its codes in that layout — `_rowblock_kernel`'s
+    arithmetic: `_block_scale`, then x / scale or x × 2^−k, `_round_codes` — and transposes
+    the bytes on chip, so that it stores the codes' rows along their length."""
+    r = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
+    c = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
+    inside = (c[:, None] < C) & (r[None, :] < R)
+    offsets = c[:, None] * sxc + r[None, :]
+    if X_BF16:
+        x = (tl.load(x_ptr + offsets, mask=inside, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+    amax = tl.load(amax_ptr + r, mask=r < R, other=0.0)
+    scale, factor, _ = _block_scale(amax, elem_max, rcp_max, amax_ptr, 0.0, amax_ptr, RULE, KMIN, KMAX,
+                                    EMAX_ELEM, M)
+    if tl.program_id(1) == 0:  # the first column of tiles stores the rows' scales
+        tl.store(scale_ptr + r, scale, mask=r < R)
+    f = factor[None, :]
+    if RULE == 0:  # an fp32 scale: the correctly rounded quotient
+        v = tl.div_rn(x, f)
+    else:  # by 2^−k, exact
+        v = x * f
+    v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
+    noise = 0
+    if STOCHASTIC:
+        noise = _seed_noise(seed_ptr, r[None, :], c[:, None], C)
+    code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
+    tl.store(out_ptr + r[:, None] * sor + c[None, :], tl.trans(code.to(tl.uint8)), mask=tl.trans(inside))
+
+
+COLUMN_CODES_TILE = (128, 64, 4)  # (rows, columns, warps) of `_column_codes_kernel`
+
+
+def column_codes_supported(X: torch.Tensor, scheme: Scheme) -> bool:
+    """Whether `quantize_with_amax` quantizes X's rows by `_column_codes_kernel`: one block per
+    row, X's rows contiguous in memory (a column read: fp8_rowwise's column-wise copies), codes
+    of one byte each before any packing (not 4-bit)."""
+    return scheme.block == (1, -1) and _column_read(X) and scheme.elem.bits != 4
+
+
 def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None,
                        amax: torch.Tensor | None = None, *, tile_r: int = 16, tile_c: int = 128,
-                       tensor_amax: torch.Tensor | None = None):
+                       tensor_amax: torch.Tensor | None = None, columns: bool | None = None,
+                       column_tile: tuple[int, int, int] | None = None):
     """(codes, fp32 scales) of the (R, C) matrix X with one block per row or one for all.
 
     One reduction gives the amax (per row or of the tensor, NaN propagating), then one kernel
     applies the scale rule and writes scales and codes. `amax` overrides it where the actual
     amax is finite, as the reference does for delayed scaling. `tensor_amax`: X's own amax,
     given (0-d fp32), where X is one block: no reduction then.
+
+    Rows contiguous in memory (a transposed view, `column_codes_supported`) are quantized by
+    `_column_codes_kernel`, which reads the tile as memory holds it and transposes the codes on
+    chip (columns=False: the row kernel instead, the same bits; column_tile: its tile, for
+    timing).
     """
     R, C = X.shape
     elem = scheme.elem
     per_row = scheme.block == (1, -1)
+    if columns is None:
+        columns = column_codes_supported(X, scheme)
+    elif columns and not column_codes_supported(X, scheme):
+        raise ValueError(f"the column kernel takes one-byte codes of a view whose rows are contiguous, not "
+                         f"{scheme.name} of strides {X.stride()}")
     inf = float("inf")
     if per_row:
         actual = torch.linalg.vector_norm(X, ord=inf, dim=1)
@@ -567,10 +639,18 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         actual = torch.linalg.vector_norm(X, ord=inf)
     actual = actual.float().reshape(-1)
     if amax is not None:
-        actual = torch.where(torch.isfinite(actual), amax.float().to(X.device).reshape(-1), actual)
+        actual = torch.where(torch.isfinite(actual), check_amax(amax, actual), actual)
     codes = torch.empty(R, (C + 1) // 2 if elem.bits == 4 else C, dtype=torch.uint8, device=X.device)
     scales = torch.empty(R if per_row else 1, 1, dtype=torch.float32, device=X.device)
     rule = scheme.scale_rule if scheme.pow2 else "amax"
+    if columns:
+        rows, cols, warps = column_tile or COLUMN_CODES_TILE
+        _column_codes_kernel[(triton.cdiv(R, rows), triton.cdiv(C, cols))](
+            _bits(X), seed if seed is not None else scales, codes, scales, actual, R, C, X.stride(1),
+            codes.stride(0), float(elem.max), _reciprocal_of_max(elem.max), TILE_R=rows, TILE_C=cols,
+            RULE=RULES[rule], KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
+            STOCHASTIC=seed is not None, X_BF16=X.dtype == torch.bfloat16, **format_constants(elem),
+            num_warps=warps)
+        return codes, scales
     _launch(X, seed, codes, scales, scheme, rule, scales, actual, tile_c, 1 if per_row else 2, False, tile_r, tile_c)
     return codes, scales
-
