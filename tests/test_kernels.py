@@ -155,6 +155,26 @@ def test_per_row_codes_of_a_column_read_come_from_the_column_kernel(scheme):
     assert not rowblock.column_codes_supported(x.t(), fb.Scheme("fp4_e2m1", (1, -1), "fp32"))
 
 
+def test_column_amaxes_are_torchs_reduction_of_a_bf16_column_read():
+    """`column_amaxes` (the bf16 column reads' amax kernel) is torch's reduction over each row
+    of a transposed view, NaN where a row holds NaN, inf where it holds inf, 0 for a zero row —
+    with the default tile and with small tiles that make several programs each way combine
+    their maxima (and ragged edges); anything but a bf16 column read is refused."""
+    from fewerbits.kernels import rowblock
+
+    x = torch.from_numpy(hard_matrix(200, 300, seed=13, specials=True)).t().contiguous().to(DEVICE).bfloat16()
+    X = x.t()  # (200, 300): hard_matrix's rows, contiguous in memory
+    want = torch.linalg.vector_norm(X.float(), ord=float("inf"), dim=1)
+    assert want.isnan().any() and want.isinf().any() and (want == 0).any()
+    for tile in (None, (32, 4, 3), (64, 8, 1)):
+        got = rowblock.column_amaxes(X, tile=tile)
+        assert torch.equal(got.isnan(), want.isnan()), tile
+        assert torch.equal(got[~want.isnan()], want[~want.isnan()]), tile
+    for bad in (x, X.float()):
+        with pytest.raises(ValueError, match="bf16 2-D view whose rows are contiguous"):
+            rowblock.column_amaxes(bad)
+
+
 @pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor", "nvfp4", "nvfp4_16x16"])
 def test_a_given_tensor_amax_gives_the_tensors_own_codes(name):
     """quantize(x, tensor_amax=max |x|) — a weight's amax as the fused AdamW finds it — is
