@@ -277,26 +277,34 @@ def test_compiled_block_casts_take_their_codes_from_the_one_kernel(monkeypatch):
     assert same
 
 
-def test_compiled_rowwise_column_copies_take_their_codes_from_the_kernel(monkeypatch):
+def test_compiled_rowwise_copies_take_their_codes_from_the_kernels(monkeypatch):
     """In a compiled graph fp8_rowwise's column-wise copies (one scale per column: the
-    weight-gradient GEMM's operands, dgrad's weight) come from the reduction-then-kernel path,
-    called as the operator fewerbits::rowblock_codes; its row-wise operands stay with inductor:
-    forward and backward are eager mode's bits, in one graph (the kernel interpreted on a CPU,
-    under the triton backend)."""
+    weight-gradient GEMM's operands, dgrad's weight) come from the operator
+    fewerbits::rowblock_codes (`rowblock.quantize_with_amax`), and so do row-wise copies of
+    rows from rowblock.LONG_ROW elements up (here 1024: the second Linear's input and weight in
+    the forward), one program a row; shorter rows stay with inductor. Forward and backward are
+    eager mode's bits, in one graph (the kernels interpreted on a CPU, under the triton
+    backend)."""
     from fewerbits.kernels import rowblock
 
     calls = []
     real = rowblock.quantize_with_amax
 
     def counted(X, scheme, seed, amax=None, **kwargs):
-        calls.append((scheme.name, tuple(X.shape)))
+        kind = "columns" if rowblock.column_codes_supported(X, scheme) else (
+            "one read" if rowblock.rows_in_one_read(X, scheme, amax) else "other")
+        calls.append((scheme.name, tuple(X.shape), kind))
         return real(X, scheme, seed, amax, **kwargs)
 
     monkeypatch.setattr(rowblock, "quantize_with_amax", counted)
+    monkeypatch.setattr(rowblock, "LONG_ROW", 1024)
     same, explained = compiled_under_triton("fp8_rowwise", calls)
-    # backward: each Linear's grad_output and input column-wise (wgrad), the second Linear's
-    # weight column-wise (dgrad; x needs no gradient, so the first makes none)
-    assert len(calls) == 5 and all(name == "fp8_e4m3_row" for name, _ in calls), calls
+    assert all(name == "fp8_e4m3_row" for name, _, _ in calls), calls
+    # backward, column-wise: each Linear's grad_output and input (wgrad), the second Linear's
+    # weight (dgrad; x needs no gradient, so the first makes none)
+    assert sum(kind == "columns" for _, _, kind in calls) == 5, calls
+    assert sorted(shape for _, shape, kind in calls if kind == "one read") == [(64, 1024), (512, 1024)], calls
+    assert len(calls) == 7, calls
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
     assert same
 

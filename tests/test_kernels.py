@@ -155,6 +155,29 @@ def test_per_row_codes_of_a_column_read_come_from_the_column_kernel(scheme):
     assert not rowblock.column_codes_supported(x.t(), fb.Scheme("fp4_e2m1", (1, -1), "fp32"))
 
 
+@pytest.mark.parametrize("scheme", [fb.get_scheme("fp8_e4m3_row", "rceil"), fb.get_scheme("fp8_e4m3_row"),
+                                    fb.Scheme("fp6_e3m2", (1, -1), "fp32")], ids=lambda s: s.describe())
+def test_long_rows_in_one_read_give_the_reference_codes(scheme, monkeypatch):
+    """Rows of LONG_ROW to ONE_READ_MAX elements (here 64 to 256), one program a row holding
+    it all (padded to a power of two): the reference's codes and scales for fp32, bf16 and
+    fp16 rows with zero, NaN, inf and subnormal rows, stochastic rounding too; a row longer
+    than ONE_READ_MAX, a column read, or an amax override takes the other paths."""
+    from fewerbits.kernels import rowblock
+
+    monkeypatch.setattr(rowblock, "LONG_ROW", 64)
+    monkeypatch.setattr(rowblock, "ONE_READ_MAX", 256)
+    x = torch.from_numpy(hard_matrix(37, 200, seed=14, specials=True)).to(DEVICE)
+    assert rowblock.rows_in_one_read(x, scheme)
+    assert not rowblock.rows_in_one_read(x[:, :60], scheme) and not rowblock.rows_in_one_read(x.t(), scheme)
+    assert not rowblock.rows_in_one_read(torch.zeros(4, 300), scheme)
+    assert not rowblock.rows_in_one_read(x, scheme, amax=torch.ones(37))
+    for t in (x, x.bfloat16(), x.half(), x[:, :64]):
+        assert same(kernels.quantize(t, scheme), fb.quantize(t, scheme)), (t.dtype, t.shape)
+    gen = lambda: torch.Generator(device=DEVICE).manual_seed(6)  # noqa: E731
+    sr = dict(rounding="stochastic")
+    assert same(kernels.quantize(x, scheme, generator=gen(), **sr), fb.quantize(x, scheme, generator=gen(), **sr))
+
+
 def test_column_amaxes_are_torchs_reduction_of_a_bf16_column_read():
     """`column_amaxes` (the bf16 column reads' amax kernel) is torch's reduction over each row
     of a transposed view, NaN where a row holds NaN, inf where it holds inf, 0 for a zero row —

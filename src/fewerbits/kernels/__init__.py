@@ -186,7 +186,9 @@ def codes_in_one_kernel(x: torch.Tensor, scheme, axis: int = -1) -> bool:
     copies for the weight-gradient GEMM: one scale per column of x) come from the operator too,
     whose amax is torch's reduction over x's columns before the kernel: inductor fused that
     reduction across rows with the cast and the operations producing x (one kernel took
-    11.4 ms of fp8_rowwise's step in 8 calls, docs/kernels-notes.md v26). Rows along x's last
+    11.4 ms of fp8_rowwise's step in 8 calls, docs/kernels-notes.md v26), and so do long rows
+    along x's last axis (`rowblock.rows_in_one_read`: one program a row, in one read), which
+    inductor reduced in two passes over the operations producing x. Shorter rows along x's last
     axis stay with inductor, which reduces each row in the kernel that produces it."""
     if not _graph_calls_operators(x):
         return False
@@ -197,7 +199,10 @@ def codes_in_one_kernel(x: torch.Tensor, scheme, axis: int = -1) -> bool:
             and _registry_scheme(scheme)):
         return False
     if scheme.block == (1, -1):
-        return x.dim() >= 2 and normalize_axis(axis, x.dim()) != x.dim() - 1
+        if x.dim() < 2:
+            return False
+        ax = normalize_axis(axis, x.dim())
+        return ax != x.dim() - 1 or rowblock.LONG_ROW <= x.shape[ax] <= rowblock.ONE_READ_MAX
     return rowblock.supported(scheme)
 
 
@@ -249,12 +254,12 @@ def _rowblock_values_fake(X, scheme, scale_rule, seed, hadamard_signs, tensor_am
 
 def _rowblock_codes(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.Tensor | None):
     """`quantize`'s codes and stored block scales of the (R, C) matrix X by the one-read kernel
-    (one block per row: torch's reduction of the rows, then the kernel), as an operator for
-    compiled graphs (`codes_in_one_kernel`)."""
+    (one block per row: `rowblock.quantize_with_amax`), as an operator for compiled graphs
+    (`codes_in_one_kernel`)."""
     from . import rowblock
 
     s = get_scheme(scheme, scale_rule)
-    if s.block == (1, -1):  # one scale per row: the reduction, then the kernel
+    if s.block == (1, -1):  # one scale per row
         return rowblock.quantize_with_amax(X, s, seed)
     codes, scales, _ = rowblock.quantize_rowblocks(X, s, seed)
     return codes, scales

@@ -643,6 +643,21 @@ def column_codes_supported(X: torch.Tensor, scheme: Scheme) -> bool:
     return scheme.block == (1, -1) and _column_read(X) and scheme.elem.bits != 4
 
 
+LONG_ROW = 8192  # rows from this length up, to ONE_READ_MAX, are quantized in one read (`rows_in_one_read`)
+ONE_READ_MAX = 16384  # a program holds one row of up to this many elements, padded to a power of two
+ONE_READ_WARPS = 8
+
+
+def rows_in_one_read(X: torch.Tensor, scheme: Scheme, amax: torch.Tensor | None = None) -> bool:
+    """Whether `quantize_with_amax` quantizes X with one scale per row by one program a row
+    that holds the whole row — its amax, scale and codes from one read, as `_rowblock_kernel`
+    does a 1 × bc block — instead of a reduction and then the kernel: rows read along their
+    length, LONG_ROW to ONE_READ_MAX elements long (fp8_rowwise's SwiGLU operands, 14336 in
+    Llama-3-8B), one-byte codes, no amax override."""
+    return (scheme.block == (1, -1) and amax is None and X.dim() == 2 and X.stride(-1) == 1
+            and LONG_ROW <= X.shape[1] <= ONE_READ_MAX and scheme.elem.bits != 4)
+
+
 def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None,
                        amax: torch.Tensor | None = None, *, tile_r: int = 16, tile_c: int = 128,
                        tensor_amax: torch.Tensor | None = None, columns: bool | None = None,
@@ -654,6 +669,7 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     amax is finite, as the reference does for delayed scaling. `tensor_amax`: X's own amax,
     given (0-d fp32), where X is one block: no reduction then.
 
+    Long rows read along their length (`rows_in_one_read`) take one program a row, in one read.
     Rows contiguous in memory (a transposed view, `column_codes_supported`) are quantized by
     `_column_codes_kernel`, which reads the tile as memory holds it and transposes the codes on
     chip, after `column_amaxes` where X is bf16 (columns=False: torch's reduction and the row
@@ -662,6 +678,15 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     R, C = X.shape
     elem = scheme.elem
     per_row = scheme.block == (1, -1)
+    rule = scheme.scale_rule if scheme.pow2 else "amax"
+    if not columns and rows_in_one_read(X, scheme, amax):  # a program a row: amax, scale, codes
+        codes = torch.empty(R, C, dtype=torch.uint8, device=X.device)
+        scales = torch.empty(R, 1, dtype=torch.float32, device=X.device)
+        if X.numel():
+            bc = triton.next_power_of_2(C)
+            _launch(X, seed, codes, scales, scheme, rule, scales, scales, bc, 0, False, 1, bc,
+                    num_warps=ONE_READ_WARPS)
+        return codes, scales
     if columns is None:
         columns = column_codes_supported(X, scheme)
     elif columns and not column_codes_supported(X, scheme):
@@ -681,7 +706,6 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         actual = torch.where(torch.isfinite(actual), check_amax(amax, actual), actual)
     codes = torch.empty(R, (C + 1) // 2 if elem.bits == 4 else C, dtype=torch.uint8, device=X.device)
     scales = torch.empty(R if per_row else 1, 1, dtype=torch.float32, device=X.device)
-    rule = scheme.scale_rule if scheme.pow2 else "amax"
     if columns:
         rows, cols, warps = column_tile or COLUMN_CODES_TILE
         _column_codes_kernel[(triton.cdiv(R, rows), triton.cdiv(C, cols))](
