@@ -183,13 +183,15 @@ def codes_in_one_kernel(x: torch.Tensor, scheme, axis: int = -1) -> bool:
     quantized input, stay with inductor until timed.)
 
     Per-row FP8 codes quantized along another axis than x's last (fp8_rowwise's column-wise
-    copies for the weight-gradient GEMM: one scale per column of x) come from the operator too,
-    whose amax is torch's reduction over x's columns before the kernel: inductor fused that
-    reduction across rows with the cast and the operations producing x (one kernel took
-    11.4 ms of fp8_rowwise's step in 8 calls, docs/kernels-notes.md v26), and so do long rows
-    along x's last axis (`rowblock.rows_in_one_read`: one program a row, in one read), which
-    inductor reduced in two passes over the operations producing x. Shorter rows along x's last
-    axis stay with inductor, which reduces each row in the kernel that produces it."""
+    copies for the weight-gradient GEMM: one scale per column of x) come from the operator too
+    (`rowblock.quantize_with_amax`: the columns' amaxes, then a kernel that reads x as memory
+    holds it): inductor fused that reduction across rows with the cast and the operations
+    producing x (one kernel took 11.4 ms of fp8_rowwise's step in 8 calls,
+    docs/kernels-notes.md v26). So do long rows along x's last axis
+    (`rowblock.rows_in_one_read`: one program a row, in one read), whose amaxes inductor found
+    in looped reduction kernels fused with the operations producing x (10.4 ms of the step in
+    16 calls, v27). Shorter rows along x's last axis stay with inductor, which reduces each row
+    in the kernel that produces it."""
     if not _graph_calls_operators(x):
         return False
     from . import rowblock

@@ -645,7 +645,7 @@ def column_codes_supported(X: torch.Tensor, scheme: Scheme) -> bool:
 
 LONG_ROW = 8192  # rows from this length up, to ONE_READ_MAX, are quantized in one read (`rows_in_one_read`)
 ONE_READ_MAX = 16384  # a program holds one row of up to this many elements, padded to a power of two
-ONE_READ_WARPS = 8
+ONE_READ_WARPS = 8  # a row's program: faster than 4 or 16 on the H200 (docs/kernels-notes.md v27)
 
 
 def rows_in_one_read(X: torch.Tensor, scheme: Scheme, amax: torch.Tensor | None = None) -> bool:
