@@ -298,6 +298,7 @@ def test_compiled_rowwise_copies_take_their_codes_from_the_kernels(monkeypatch):
 
     monkeypatch.setattr(rowblock, "quantize_with_amax", counted)
     monkeypatch.setattr(rowblock, "LONG_ROW", 1024)
+    monkeypatch.setattr(rowblock, "ONE_READ_ROWS", 16)  # fewer programs for the interpreter
     same, explained = compiled_under_triton("fp8_rowwise", calls)
     assert all(name == "fp8_e4m3_row" for name, _, _ in calls), calls
     # backward, column-wise: each Linear's grad_output and input (wgrad), the second Linear's

@@ -645,15 +645,16 @@ def column_codes_supported(X: torch.Tensor, scheme: Scheme) -> bool:
 
 LONG_ROW = 8192  # rows from this length up, to ONE_READ_MAX, are quantized in one read (`rows_in_one_read`)
 ONE_READ_MAX = 16384  # a program holds one row of up to this many elements, padded to a power of two
-ONE_READ_WARPS = 8  # a row's program: faster than 4 or 16 on the H200 (docs/kernels-notes.md v27)
+ONE_READ_ROWS, ONE_READ_WARPS = 1, 8  # a program's rows and warps: on the H200 one row at 8 warps was faster
+# than at 4 or 16, and than two rows at 16 (docs/kernels-notes.md v27)
 
 
 def rows_in_one_read(X: torch.Tensor, scheme: Scheme, amax: torch.Tensor | None = None) -> bool:
     """Whether `quantize_with_amax` quantizes X with one scale per row by one program a row
-    that holds the whole row — its amax, scale and codes from one read, as `_rowblock_kernel`
-    does a 1 × bc block — instead of a reduction and then the kernel: rows read along their
-    length, LONG_ROW to ONE_READ_MAX elements long (fp8_rowwise's SwiGLU operands, 14336 in
-    Llama-3-8B), one-byte codes, no amax override."""
+    (ONE_READ_ROWS) that holds the whole row — its amax, scale and codes from one read, as
+    `_rowblock_kernel` does a 1 × bc block — instead of a reduction and then the kernel: rows
+    read along their length, LONG_ROW to ONE_READ_MAX elements long (fp8_rowwise's SwiGLU
+    operands, 14336 in Llama-3-8B), one-byte codes, no amax override."""
     return (scheme.block == (1, -1) and amax is None and X.dim() == 2 and X.stride(-1) == 1
             and LONG_ROW <= X.shape[1] <= ONE_READ_MAX and scheme.elem.bits != 4)
 
@@ -684,7 +685,7 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         scales = torch.empty(R, 1, dtype=torch.float32, device=X.device)
         if X.numel():
             bc = triton.next_power_of_2(C)
-            _launch(X, seed, codes, scales, scheme, rule, scales, scales, bc, 0, False, 1, bc,
+            _launch(X, seed, codes, scales, scheme, rule, scales, scales, bc, 0, False, ONE_READ_ROWS, bc,
                     num_warps=ONE_READ_WARPS)
         return codes, scales
     if columns is None:
