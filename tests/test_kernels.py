@@ -171,8 +171,18 @@ def test_long_rows_in_one_read_give_the_reference_codes(scheme, monkeypatch):
     assert not rowblock.rows_in_one_read(x[:, :60], scheme) and not rowblock.rows_in_one_read(x.t(), scheme)
     assert not rowblock.rows_in_one_read(torch.zeros(4, 300), scheme)
     assert not rowblock.rows_in_one_read(x, scheme, amax=torch.ones(37))
+    launches = []
+    real_launch = rowblock._launch
+
+    def spied(X, *args, **kwargs):
+        launches.append((args[7], args[8]))  # (bc, amax mode): one block the row's width, reduced in the kernel
+        return real_launch(X, *args, **kwargs)
+
+    monkeypatch.setattr(rowblock, "_launch", spied)
     for t in (x, x.bfloat16(), x.half(), x[:, :64]):
+        launches.clear()
         assert same(kernels.quantize(t, scheme), fb.quantize(t, scheme)), (t.dtype, t.shape)
+        assert launches == [(256 if t.shape[1] > 128 else 64, 0)], launches
     gen = lambda: torch.Generator(device=DEVICE).manual_seed(6)  # noqa: E731
     sr = dict(rounding="stochastic")
     assert same(kernels.quantize(x, scheme, generator=gen(), **sr), fb.quantize(x, scheme, generator=gen(), **sr))

@@ -53,6 +53,18 @@ def _pow2(k):
 
 
 @triton.jit
+def _load_fp32(ptrs, mask, X_BF16: tl.constexpr):
+    """Elements as fp32, 0 where masked off. bf16 (passed as its int16 bits, `_bits`) is widened
+    by hand, exact for subnormals everywhere (Triton's interpreter converts bf16 subnormals
+    wrongly)."""
+    if X_BF16:
+        x = (tl.load(ptrs, mask=mask, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
 def _add(a, b):
     return a + b
 
@@ -162,14 +174,8 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
     # specialize; not seeing that the rows are contiguous, it lays the tile out as for a row
     # read (`column_read_as_rows`), loading element by element
     offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
-    if X_BF16:  # bf16 bits widened by hand: exact for subnormals everywhere (Triton's
-        # interpreter converts bf16 subnormals wrongly)
-        xb = tl.load(x_ptr + offsets, mask=inside3, other=0)
-        xbits = xb.to(tl.int32) << 16
-        x = xbits.to(tl.float32, bitcast=True)
-    else:
-        x = tl.load(x_ptr + offsets, mask=inside3, other=0.0).to(tl.float32)
-        xbits = x.to(tl.int32, bitcast=True)
+    x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
+    xbits = x.to(tl.int32, bitcast=True)
     if H_STAGES > 0:  # the blocks transformed first (C a multiple of BC: no padding in a block)
         x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, H_STAGES)
         xbits = x.to(tl.int32, bitcast=True)
@@ -250,11 +256,7 @@ def _hadamard_amax_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, row_stride, sign
     cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[None, :, None] + tl.arange(0, BC)[None, None, :]
     inside3 = (rows3 < R) & (cols3 < C)
     offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
-    if X_BF16:
-        xb = tl.load(x_ptr + offsets, mask=inside3, other=0)
-        x = (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    else:
-        x = tl.load(x_ptr + offsets, mask=inside3, other=0.0).to(tl.float32)
+    x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
     x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, STAGES)
     bits = tl.max(tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1), axis=0)
     tl.atomic_max(amax_bits_ptr, bits)
@@ -265,11 +267,7 @@ def _row(x_ptr, r, cols, R, C, sxr, sxc, signs_ptr, k: tl.constexpr, X_BF16: tl.
     """Row r + k of X over `cols` as fp32 (0 past its end) — and as its |x| bit pattern — then
     times sign k of the transform."""
     inside = cols < tl.where(r + k < R, C, 0)
-    if X_BF16:
-        x = (tl.load(x_ptr + (r + k) * sxr + cols * sxc, mask=inside, other=0).to(tl.int32) << 16).to(
-            tl.float32, bitcast=True)
-    else:
-        x = tl.load(x_ptr + (r + k) * sxr + cols * sxc, mask=inside, other=0.0).to(tl.float32)
+    x = _load_fp32(x_ptr + (r + k) * sxr + cols * sxc, inside, X_BF16)
     return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, x * tl.load(signs_ptr + k)
 
 
@@ -574,10 +572,7 @@ def _column_codes_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, amax_ptr, R, C, sx
     c = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
     inside = (c[:, None] < C) & (r[None, :] < R)
     offsets = c[:, None] * sxc + r[None, :]
-    if X_BF16:
-        x = (tl.load(x_ptr + offsets, mask=inside, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    else:
-        x = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+    x = _load_fp32(x_ptr + offsets, inside, X_BF16)
     amax = tl.load(amax_ptr + r, mask=r < R, other=0.0)
     scale, factor, _ = _block_scale(amax, elem_max, rcp_max, amax_ptr, 0.0, amax_ptr, RULE, KMIN, KMAX,
                                     EMAX_ELEM, M)
