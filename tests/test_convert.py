@@ -198,27 +198,32 @@ def eager_then_compiled(model: nn.Module, x: torch.Tensor):
     return eager, grads, out, [p.grad for p in model.parameters()]
 
 
-def compiled_under_triton(name: str, calls: list):
+def compiled_under_triton(name: str, calls: list, before=None):
     """Two Linears converted to `name`, run eagerly and compiled under the triton backend (the
     kernels interpreted on a CPU), loss sum(output²): (whether outputs and every gradient are
     eager mode's bits, dynamo's explanation of the compiled model). `calls` is emptied after
-    the eager run, so it holds what the compiled run recorded."""
+    the eager run, so it holds what the compiled run recorded. before(model) runs before each
+    forward."""
     from fewerbits import kernels
 
     torch._dynamo.reset()
     kernels.set_backend("triton")
     try:
         model = two_linears(name)
+        before = before or (lambda m: None)
         x = torch.randn(64, 512, dtype=torch.bfloat16)
+        before(model)
         eager = model(x)
         eager.float().square().sum().backward()
         grads = [p.grad.clone() for p in model.parameters()]
         model.zero_grad(set_to_none=True)
         calls.clear()
+        before(model)
         out = fb.compile_model(model)(x)
         out.float().square().sum().backward()
         recorded = list(calls)
         torch._dynamo.reset()
+        before(model)
         explained = torch._dynamo.explain(model)(x)
     finally:
         kernels.set_backend("auto")
@@ -282,10 +287,13 @@ def test_compiled_rowwise_copies_take_their_codes_from_the_kernels(monkeypatch):
     weight-gradient GEMM's operands, dgrad's weight) come from the operator
     fewerbits::rowblock_codes (`rowblock.quantize_with_amax`), and so do row-wise copies of
     rows from rowblock.LONG_ROW elements up (here 1024: the second Linear's input and weight in
-    the forward), one program a row; shorter rows stay with inductor. Forward and backward are
-    eager mode's bits, in one graph (the kernels interpreted on a CPU, under the triton
-    backend)."""
+    the forward), one program a row; shorter rows stay with inductor. The weights' columns'
+    amaxes given (set_weight_amaxes, as the trainer gives the fused AdamW's) enter the graph
+    as inputs, and dgrad's weight copy takes them instead of reducing the weight. Forward and
+    backward are eager mode's bits, in one graph (the kernels interpreted on a CPU, under the
+    triton backend)."""
     from fewerbits.kernels import rowblock
+    from fewerbits.linear import set_weight_amaxes
 
     calls = []
     real = rowblock.quantize_with_amax
@@ -293,18 +301,19 @@ def test_compiled_rowwise_copies_take_their_codes_from_the_kernels(monkeypatch):
     def counted(X, scheme, seed, amax=None, **kwargs):
         kind = "columns" if rowblock.column_codes_supported(X, scheme) else (
             "one read" if rowblock.rows_in_one_read(X, scheme, amax) else "other")
-        calls.append((scheme.name, tuple(X.shape), kind))
+        calls.append((scheme.name, tuple(X.shape), kind, kwargs.get("block_amaxes") is not None))
         return real(X, scheme, seed, amax, **kwargs)
 
     monkeypatch.setattr(rowblock, "quantize_with_amax", counted)
     monkeypatch.setattr(rowblock, "LONG_ROW", 1024)
     monkeypatch.setattr(rowblock, "ONE_READ_ROWS", 16)  # fewer programs for the interpreter
-    same, explained = compiled_under_triton("fp8_rowwise", calls)
-    assert all(name == "fp8_e4m3_row" for name, _, _ in calls), calls
+    same, explained = compiled_under_triton("fp8_rowwise", calls, before=set_weight_amaxes)
+    assert all(call[0] == "fp8_e4m3_row" for call in calls), calls
     # backward, column-wise: each Linear's grad_output and input (wgrad), the second Linear's
-    # weight (dgrad; x needs no gradient, so the first makes none)
-    assert sum(kind == "columns" for _, _, kind in calls) == 5, calls
-    assert sorted(shape for _, shape, kind in calls if kind == "one read") == [(64, 1024), (512, 1024)], calls
+    # weight (dgrad, with its columns' amaxes given; x needs no gradient, so the first makes none)
+    assert sum(kind == "columns" for _, _, kind, _ in calls) == 5, calls
+    assert [(shape, kind) for _, shape, kind, given in calls if given] == [((1024, 512), "columns")], calls
+    assert sorted(shape for _, shape, kind, _ in calls if kind == "one read") == [(64, 1024), (512, 1024)], calls
     assert len(calls) == 7, calls
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
     assert same

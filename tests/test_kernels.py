@@ -130,8 +130,8 @@ def test_per_row_codes_of_a_column_read_come_from_the_column_kernel(scheme):
     contiguous in memory) by `_column_codes_kernel`, which loads tiles as memory holds them and
     transposes the codes on chip: the reference's bits for fp32, bf16 and fp16, over several
     tiles each way with ragged edges, columns of wildly different scales, zero, NaN and inf
-    columns, stochastic rounding and a delayed-scaling override; the row kernel gives the same
-    bits; a row read or 4-bit codes are refused by name."""
+    columns, stochastic rounding, a delayed-scaling override and the columns' amaxes given; the
+    row kernel gives the same bits; a row read or 4-bit codes are refused by name."""
     from fewerbits.kernels import rowblock
 
     wide = torch.from_numpy(hard_matrix(200, 300, seed=11, specials=True)).t().contiguous()  # scales per column
@@ -150,6 +150,12 @@ def test_per_row_codes_of_a_column_read_come_from_the_column_kernel(scheme):
     assert same(kernels.quantize(x, scheme, generator=gen(), **sr), fb.quantize(x, scheme, generator=gen(), **sr))
     override = torch.full((200,), 0.5, device=DEVICE)  # one per column
     assert same(kernels.quantize(x, scheme, axis=0, amax=override), fb.quantize(x, scheme, axis=0, amax=override))
+    own = x.abs().amax(0)  # the columns' own amaxes given (a weight's from the fused AdamW): no reduction
+    assert own.isnan().any() and same(kernels.quantize(x, scheme, axis=0, block_amaxes=own), fb.quantize(x, scheme, axis=0))
+    assert same(kernels.quantize(x, scheme, axis=0, block_amaxes=own / 3),
+                fb.quantize(x, scheme, axis=0, block_amaxes=own / 3))
+    with pytest.raises(ValueError, match=r"one floating-point value per block \(200\), not 300"):
+        kernels.quantize(x, scheme, axis=0, block_amaxes=torch.ones(300, device=DEVICE))
     with pytest.raises(ValueError, match="rows are contiguous"):
         rowblock.quantize_with_amax(x, scheme, None, columns=True)
     assert not rowblock.column_codes_supported(x.t(), fb.Scheme("fp4_e2m1", (1, -1), "fp32"))

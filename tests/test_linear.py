@@ -529,11 +529,12 @@ def test_prepared_weights_enter_compiled_graphs_as_inputs_without_changing_a_bit
     assert not torch.equal(model(x), before)
 
 
-@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_delayed", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_delayed", "nvfp4", "fp8_rowwise"])
 def test_a_given_weight_amax_changes_no_bit(recipe):
-    """set_weight_amax(max |W|): the forward, both gradients and the delayed-scaling history are
-    those of a layer that finds the amax itself; the amax given is the one used (three times it
-    changes them); a weight changed since is read again; a bad amax is refused."""
+    """set_weight_amax(max |W|, or its columns' for fp8_rowwise's input-gradient weight): the
+    forward, both gradients and the delayed-scaling history are those of a layer that finds the
+    amax itself; the amax given is the one used (a third of it saturates the largest weights:
+    other bits); a weight changed since is read again; a bad amax is refused."""
     torch.manual_seed(0)
     layer = fb.QuantizedLinear(256, 128, recipe=recipe)
     assert layer.uses_weight_amax
@@ -556,17 +557,18 @@ def test_a_given_weight_amax_changes_no_bit(recipe):
 
     same = lambda a, b: all(torch.equal(u, v) for u, v in zip(a, b))  # noqa: E731
     own = run(None)
-    amax = layer.weight.detach().abs().amax()
+    dim = layer.weight_amax_dim
+    assert dim == (0 if recipe == "fp8_rowwise" else None)
+    amax = layer.weight.detach().abs().amax() if dim is None else layer.weight.detach().abs().amax(dim)
     assert same(run(amax), own)
-    assert not same(run(amax * 3), own)
-    layer.set_weight_amax(amax * 3)
+    assert not same(run(amax / 3), own)
+    layer.set_weight_amax(amax / 3)
     with torch.no_grad():
         layer.weight.mul_(1.0)  # the version moves: the amax given no longer holds
     assert same(run(None, give=False), own) and layer._weight_amax is None
-    with pytest.raises(ValueError, match="one fp32 value"):
+    with pytest.raises(ValueError, match="set_weight_amax takes (one fp32 value|256 fp32 values)"):
         layer.set_weight_amax(torch.ones(2))
     assert not fb.QuantizedLinear(64, 32, recipe="mxfp8").uses_weight_amax
-    assert not fb.QuantizedLinear(64, 32, recipe="fp8_rowwise").uses_weight_amax
 
 
 def test_set_weight_amaxes_gives_every_layer_an_amax():
@@ -577,12 +579,21 @@ def test_set_weight_amaxes_gives_every_layer_an_amax():
 
     torch.manual_seed(0)
     model = nn.Sequential(fb.QuantizedLinear(64, 96, recipe="fp8_tensorwise"), nn.GELU(),
-                          fb.QuantizedLinear(96, 32, recipe="mxfp8"), fb.QuantizedLinear(32, 8, recipe="nvfp4"))
-    given = {model[0].weight: model[0].weight.detach().abs().amax()}
-    assert set_weight_amaxes(model, given.get) == 1
+                          fb.QuantizedLinear(96, 32, recipe="mxfp8"), fb.QuantizedLinear(32, 8, recipe="nvfp4"),
+                          fb.QuantizedLinear(8, 16, recipe="fp8_rowwise"))
+    given = {(model[0].weight, None): model[0].weight.detach().abs().amax(),
+             (model[4].weight, 0): model[4].weight.detach().abs().amax(0)}
+    asked = []
+
+    def amax_of(w, dim=None):
+        asked.append(dim)
+        return given.get((w, dim))
+
+    assert set_weight_amaxes(model, amax_of) == 2 and sorted(asked, key=str) == [0, None, None]
     assert set_weight_amaxes(model) == 0
     for m in (model[0], model[3]):
         assert torch.equal(m._weight_amax, m.weight.detach().abs().amax())
+    assert torch.equal(model[4]._weight_amax, model[4].weight.detach().abs().amax(0))
     assert model[2]._weight_amax is None
 
 

@@ -480,6 +480,29 @@ def test_an_amax_to_quantize_by_is_one_value_or_one_per_block():
         quantize(x, "fp8_e4m3_tensor", amax=2.0)
 
 
+@pytest.mark.parametrize("name,axis", [("fp8_e4m3_row", 0), ("fp8_e4m3_row", 1), ("mxfp8_e4m3", 1),
+                                       ("fp8_e4m3_128x128", 0), ("nvfp4", 1)])
+def test_given_block_amaxes_are_taken_for_a_reduction(name, axis):
+    """block_amaxes= gives x's own blocks' amaxes (NaN for a block holding NaN): the codes and
+    scales of finding them; a different value is the one used; a count other than the blocks'
+    is refused by name."""
+    from fewerbits.quantize import _block_amaxes, _to_matrix, block_grid
+
+    x = torch.from_numpy(hard_matrix(150, 260, specials=True))
+    scheme = get_scheme(name)
+    grid = block_grid(scheme, x.shape, axis)
+    X = _to_matrix(x, axis)
+    own = _block_amaxes(x, X, *[X.shape[i] if b == -1 else b for i, b in enumerate(scheme.block)], axis)
+    assert own.shape == grid and own.isnan().any()
+    bits = lambda q: (q.data, q.scale.view(torch.int32) if q.scale.dtype == torch.float32 else q.scale)  # noqa: E731
+    want = quantize(x, name, axis=axis)
+    got = quantize(x, name, axis=axis, block_amaxes=own.flatten())
+    assert all(torch.equal(u, v) for u, v in zip(bits(got), bits(want)))
+    assert not torch.equal(quantize(x, name, axis=axis, block_amaxes=own / 3).data, want.data)
+    with pytest.raises(ValueError, match=rf"one floating-point value per block \({grid[0] * grid[1]}\), not 7"):
+        quantize(x, name, axis=axis, block_amaxes=torch.ones(7))
+
+
 @pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor"])
 @pytest.mark.parametrize("special", [None, float("nan"), float("inf")])
 def test_requantize_along_the_other_axis_takes_the_same_scale(name, special):

@@ -631,6 +631,51 @@ def test_fused_adamw_finds_each_parameters_amax_as_it_writes_it():
     assert plain.weight_amax(ps[0]) is None and plain.weight_amax(ps[1]) is None
 
 
+def test_fused_adamw_finds_the_columns_amaxes_asked_for():
+    """AdamW.weight_amax(p, dim=0): a 2-D parameter's amax per column, found by the fused kernel
+    (by tiles, with a ragged end both ways) from the step after the first ask, bit for bit
+    (NaN for a column holding NaN); the update and the whole amax are the same bits as the
+    kernel that finds no columns'; anything but a 2-D parameter, or another dim, is refused."""
+    from fewerbits.kernels.adamw import COLUMNS_TILE
+    from fewerbits.train.optim import AdamW
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    tr, tc, steps, _ = COLUMNS_TILE
+    shape = (tr * steps + 3, tc + 5)  # two programs down, two across, both ragged
+    ps = [torch.randn(shape, device=device, requires_grad=True) for _ in range(2)]
+    vec = torch.randn(7, device=device, requires_grad=True)
+    with torch.no_grad():
+        for p in ps:
+            p[tr * steps + 1, tc + 2] = -40.0  # a column's largest magnitude, in the last program
+        ps[1][5, 3] = float("nan")
+    ours, plain = AdamW(ps + [vec], lr=1e-2, fused=True), AdamW([p.detach().clone().requires_grad_() for p in ps],
+                                                              lr=1e-2, fused=True)
+    assert ours.weight_amax(ps[0], dim=0) is None  # asked before any step: found from the next one
+    ours.weight_amax(ps[1], dim=0)
+    for _ in range(2):
+        for p, q in zip(ps, plain.param_groups[0]["params"]):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        vec.grad = torch.randn_like(vec)
+        ours.step()
+        plain.step()
+        for p, q in zip(ps, plain.param_groups[0]["params"]):
+            assert torch.equal(p.detach().nan_to_num(), q.detach().nan_to_num())
+            for name in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(ours.state[p][name].nan_to_num(), plain.state[q][name].nan_to_num())
+            cols, whole = ours.weight_amax(p, dim=0), ours.weight_amax(p)
+            assert cols.dtype == torch.float32 and cols.shape == (shape[1],) and cols.device == p.device
+            want = p.detach().abs().amax(0)
+            assert torch.equal(cols.nan_to_num(-1.0), want.nan_to_num(-1.0))
+            assert torch.equal(whole.nan_to_num(-1.0), plain.weight_amax(q).nan_to_num(-1.0))
+    assert torch.isnan(ours.weight_amax(ps[1], dim=0)[3]) and not torch.isnan(ours.weight_amax(ps[1], dim=0)[4])
+    with pytest.raises(ValueError, match="2-D parameter"):
+        ours.weight_amax(vec, dim=0)
+    with pytest.raises(ValueError, match="not dim=1"):
+        ours.weight_amax(ps[0], dim=1)
+
+
 def test_fused_adamw_refuses_what_it_cannot_update():
     p = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.float64))
     p.grad = torch.randn(4, 4, dtype=torch.float64)

@@ -44,6 +44,8 @@ two in the backward (`kernels.two_amaxes`), instead of a pass for each amax.
 A weight's amax, max |W|, can be given (`set_weight_amax`; the trainer gives the one the fused
 AdamW finds as it writes W, through `set_weight_amaxes`): the weight's per-tensor quantizers
 (FP8 tensorwise, delayed scaling's history, NVFP4's tensor level) then read no weight for it.
+So can its columns' amaxes, for a recipe whose input-gradient GEMM takes W with one scale per
+column (fp8_rowwise): that copy of W then needs no pass of its own for them.
 
 Delayed scaling (`fp8_delayed`) keeps, per tensor role (input, weight, grad_output), an amax
 history and the amax the next quantization uses, as buffers: they are saved and restored with
@@ -124,7 +126,7 @@ def _as_values(gemm: Gemm, t: torch.Tensor) -> bool:
 
 
 def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=None, codes: bool = False,
-             tensor_amax=None):
+             tensor_amax=None, block_amaxes=None):
     """One GEMM operand from a high-precision 2-D tensor: Hadamard, then quantize along `axis`.
 
     Returns a QuantizedTensor, or, unquantized, the (R, inner) matrix in the compute dtype, or,
@@ -133,16 +135,20 @@ def _prepare(t: torch.Tensor, op: Operand, gemm: Gemm, axis: int, dtype, amax=No
 
     tensor_amax: the amax of what is quantized (t under the GEMM's transform), where the caller
     has it already: NVFP4's tensor amaxes from `_two_amaxes`, a weight's from the fused AdamW
-    (`QuantizedLinear.set_weight_amax`, given only to GEMMs without a transform).
+    (`QuantizedLinear.set_weight_amax`, given only to GEMMs without a transform);
+    block_amaxes: its blocks' own amaxes, likewise (a weight's columns', for a copy with one
+    scale per column).
     """
     if op.scheme is not None and not codes and amax is None and _as_values(gemm, t):
         return _Values(*kernels.quantized_values(t, op.scheme, rounding=op.rounding, axis=axis,
-                                                 hadamard=gemm.hadamard, tensor_amax=tensor_amax))
+                                                 hadamard=gemm.hadamard, tensor_amax=tensor_amax,
+                                                 block_amaxes=block_amaxes))
     if gemm.hadamard is not None:
         t = gemm.hadamard.transform(t, dim=axis)
     if op.scheme is None:
         return (t if axis == 1 else t.t()).to(dtype)
-    return kernels.quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax, tensor_amax=tensor_amax)
+    return kernels.quantize(t, op.scheme, rounding=op.rounding, axis=axis, amax=amax, tensor_amax=tensor_amax,
+                            block_amaxes=block_amaxes)
 
 
 def _pairs_amaxes(rows: Operand, rows_gemm: Gemm, cols: Operand, cols_gemm: Gemm) -> bool:
@@ -268,17 +274,19 @@ def share_operands(on: bool) -> None:
 def set_weight_amaxes(model: nn.Module, amax_of=None) -> int:
     """Give every QuantizedLinear of the model whose quantizers use the weight's amax
     (`uses_weight_amax`) that amax before a forward (eager code: a compiled graph cannot check a
-    weight's version): `amax_of(weight)` — an `AdamW.weight_amax`, found as the optimizer wrote
-    the weight — or, where that gives None (no step yet, a weight changed since) or no amax_of
-    is given, one reduction of the weight here. Every forward then sees an amax, so a compiled
-    graph is made once. Returns how many layers took theirs from amax_of."""
+    weight's version): `amax_of(weight)`, or `amax_of(weight, dim=0)` for the columns' amaxes
+    where the layer takes those (`weight_amax_dim`) — an `AdamW.weight_amax`, found as the
+    optimizer wrote the weight — or, where that gives None (no step yet, a weight changed since)
+    or no amax_of is given, one reduction of the weight here. Every forward then sees an amax, so
+    a compiled graph is made once. Returns how many layers took theirs from amax_of."""
     n = 0
     for m in model.modules():
         if isinstance(m, QuantizedLinear) and m.uses_weight_amax:
-            amax = amax_of(m.weight) if amax_of is not None else None
+            dim = m.weight_amax_dim
+            amax = None if amax_of is None else amax_of(m.weight) if dim is None else amax_of(m.weight, dim=dim)
             n += amax is not None
             if amax is None:
-                amax = torch.linalg.vector_norm(m.weight.detach(), ord=float("inf")).float()
+                amax = torch.linalg.vector_norm(m.weight.detach(), ord=float("inf"), dim=dim).float()
             m.set_weight_amax(amax)
     return n
 
@@ -302,9 +310,17 @@ def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native, gemm: Gemm) ->
     return (A @ B.t()).to(out_dtype)
 
 
-def _untransformed(gemm: Gemm, own_amax):
-    """A tensor's own amax where it is the amax of gemm's operand (no transform), else None."""
-    return own_amax if gemm.hadamard is None else None
+def _known_amaxes(gemm: Gemm, axis: int, known):
+    """(block amaxes, tensor amax) of a weight operand of `gemm` quantized along `axis`, from the
+    weight's own amaxes as given (`QuantizedLinear.set_weight_amax`), where they are the
+    operand's (no transform): max |W| is its tensor amax; the columns' amaxes (one per column of
+    W) are the block amaxes of the copy quantized along the columns (axis 0), and nothing of
+    the other."""
+    if known is None or gemm.hadamard is not None:
+        return None, None
+    if known.dim() == 0:
+        return None, known
+    return (known, None) if axis == 0 else (None, None)
 
 
 class _Config:
@@ -327,17 +343,18 @@ class _Config:
         unchanged (micro-batches of one optimizer step, evaluation). A weight with delayed-
         scaling amaxes or stochastic rounding is prepared afresh each time, as its definition
         asks; so is every weight while a graph is being traced. known_amax: the weight's own
-        amax, given (`QuantizedLinear.set_weight_amax`), used where the GEMM has no transform."""
-        known_amax = _untransformed(gemm, known_amax)
+        amax or its columns' amaxes, given (`QuantizedLinear.set_weight_amax`), used where they
+        are the operand's (`_known_amaxes`)."""
         reusable = (self.cache_weight and amax is None and op.rounding == "nearest"
                     and not torch.compiler.is_compiling())
+        block_amaxes, tensor_amax = _known_amaxes(gemm, axis, known_amax)
         if not reusable:
-            return _prepare(weight, op, gemm, axis, dtype, amax, tensor_amax=known_amax)
+            return _prepare(weight, op, gemm, axis, dtype, amax, tensor_amax=tensor_amax, block_amaxes=block_amaxes)
         key = (weight._version, weight.data_ptr(), weight.dtype, tuple(weight.shape))
         hit = self.weight_cache.get(axis)
         if hit is not None and hit[0] == key:
             return hit[1]
-        prepared = _prepare(weight, op, gemm, axis, dtype, amax, True, known_amax)  # kept: as codes
+        prepared = _prepare(weight, op, gemm, axis, dtype, amax, True, tensor_amax, block_amaxes)  # kept: as codes
         self.weight_cache[axis] = (key, prepared)
         return prepared
 
@@ -386,7 +403,8 @@ class _QuantizedLinearFn(torch.autograd.Function):
             out = out + bias.to(out.dtype)
         if state is not None:
             state.record("input", x2)
-            state.record("weight", weight, amax=weight_amax)
+            state.record("weight", weight, amax=weight_amax if weight_amax is not None and weight_amax.dim() == 0
+                         else None)
 
         # save what the backward GEMMs need, and nothing else
         dg = recipe.dgrad
@@ -406,7 +424,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
             ctx.x_amax_at = len(saved)
             saved.append(x_amaxes[1])
         ctx.weight_amax_at = None
-        if weight_amax is not None:  # the weight's own amax, for dgrad's column-wise copy
+        if weight_amax is not None:  # the weight's own amax(es), for dgrad's column-wise copy
             ctx.weight_amax_at = len(saved)
             saved.append(weight_amax)
         # In a compiled graph, dgrad's column-wise weight takes the forward's one scale (the
@@ -596,8 +614,11 @@ class QuantizedLinear(nn.Linear):
             return False
         known = self._given_weight_amax()
         with torch.no_grad():
-            made = [_prepare(self.weight, op, gemm, axis, r.compute_dtype, None, True, _untransformed(gemm, known))
-                    for op, gemm, axis in ops]
+            made = []
+            for op, gemm, axis in ops:
+                block_amaxes, tensor_amax = _known_amaxes(gemm, axis, known)
+                made.append(_prepare(self.weight, op, gemm, axis, r.compute_dtype, None, True, tensor_amax,
+                                     block_amaxes))
         shells = tuple(replace(q, data=None, scale=None, tensor_scale=None) for q in made)
         if cfg.prepared != shells:  # kept when equal: a compiled graph guards on this object
             cfg.prepared = shells
@@ -611,31 +632,54 @@ class QuantizedLinear(nn.Linear):
 
     @property
     def uses_weight_amax(self) -> bool:
-        """Whether a quantizer of this layer's weight takes its amax, max |W| (`set_weight_amax`):
-        the forward's weight operand has one scale for the tensor (FP8 tensorwise; delayed
-        scaling, whose history records it) or a tensor level (NVFP4), under no transform, with
-        no weight QAT."""
+        """Whether a quantizer of this layer's weight takes an amax of W (`set_weight_amax`):
+        max |W| where the forward's weight operand has one scale for the tensor (FP8 tensorwise;
+        delayed scaling, whose history records it) or a tensor level (NVFP4), under no
+        transform; else its columns' amaxes where the input-gradient GEMM's copy of W has one
+        scale per column (fp8_rowwise), under no transform and no delayed scaling
+        (`weight_amax_dim` says which). Never with weight QAT."""
+        return self._weight_amax_use() != "none"
+
+    @property
+    def weight_amax_dim(self) -> int | None:
+        """The amax of W this layer's quantizers take (`uses_weight_amax`): None, max |W| over the
+        whole tensor; 0, its maxima over dim 0, one per column."""
+        return 0 if self._weight_amax_use() == "columns" else None
+
+    def _weight_amax_use(self) -> str:
         r = self.recipe
-        if r.weight_qat is not None or r.fprop.b.scheme is None or r.fprop.hadamard is not None:
-            return False
-        s = get_scheme(r.fprop.b.scheme)
-        return s.block == (-1, -1) or s.two_level
+        if r.weight_qat is not None:
+            return "none"
+        if r.fprop.b.scheme is not None and r.fprop.hadamard is None:
+            s = get_scheme(r.fprop.b.scheme)
+            if s.block == (-1, -1) or s.two_level:
+                return "tensor"
+        if r.dgrad.b.scheme is not None and r.dgrad.hadamard is None and r.delayed is None:
+            s = get_scheme(r.dgrad.b.scheme)
+            if s.block == (1, -1) and not s.two_level:  # one scale per column, along dim 0
+                return "columns"
+        return "none"
 
     def set_weight_amax(self, amax: torch.Tensor | None) -> None:
         """Give the weight's amax, max |W| (a 0-d fp32 tensor on its device, NaN if W holds
         NaN), as it is now — the fused AdamW finds it while writing W (`AdamW.weight_amax`) —
         so that the per-tensor quantizers of W (FP8 tensorwise's, delayed scaling's amax
-        history, NVFP4's tensor level) take it instead of reading W for it; None forgets it.
-        The quantized weight is the same bits either way when it is W's amax.
+        history, NVFP4's tensor level) take it instead of reading W for it; or, where the layer
+        takes those (`weight_amax_dim` 0), its columns' amaxes (in_features fp32 values: max |W|
+        over dim 0), for the input-gradient GEMM's copy of W with one scale per column. None
+        forgets it. The quantized weight is the same bits either way when it is W's amax.
 
         It holds while W is unchanged: an eager forward checks W's version counter and reads W
         again once it moved; a compiled graph cannot check, so whoever gives it gives it again
         before every forward (`set_weight_amaxes`; the trainer and `bench train` do, each step,
         from their AdamW)."""
-        if amax is not None and (not isinstance(amax, torch.Tensor) or amax.numel() != 1
+        columns = self.weight_amax_dim == 0
+        n = self.in_features if columns else 1
+        if amax is not None and (not isinstance(amax, torch.Tensor) or amax.numel() != n
                                  or amax.dtype != torch.float32 or amax.device != self.weight.device):
-            raise ValueError(f"set_weight_amax takes one fp32 value on {self.weight.device} (or None)")
-        self._weight_amax = None if amax is None else amax.reshape(())
+            what = f"{n} fp32 values (its columns' amaxes)" if columns else "one fp32 value"
+            raise ValueError(f"set_weight_amax takes {what} on {self.weight.device} (or None)")
+        self._weight_amax = None if amax is None else amax.reshape(-1) if columns else amax.reshape(())
         self._weight_amax_version = self.weight._version
 
     def _given_weight_amax(self) -> torch.Tensor | None:

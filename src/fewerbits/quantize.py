@@ -116,6 +116,7 @@ def quantize(
     axis: int = -1,
     amax: torch.Tensor | None = None,
     tensor_amax: torch.Tensor | None = None,
+    block_amaxes: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Quantize `x` by `scheme` (a name from SCHEMES or a Scheme); x is first made float32.
 
@@ -130,9 +131,13 @@ def quantize(
     a two-level scheme's tensor level, takes it instead of reducing x for it. It must be x's
     amax: the codes are those of quantize(x, scheme) only then (an amax to quantize by instead
     is `amax`).
+    block_amaxes: x's own blocks' amaxes, one per block (in any shape holding as many; NaN for
+    a block holding NaN), where the caller has them already (the fused AdamW finds a weight's
+    columns' as it writes it), taken instead of reducing x for them; like tensor_amax, they
+    must be x's. (A kernel that finds them in the read that makes the codes may not read them.)
     """
     plan = make_plan(x, scheme, scale_rule=scale_rule, rounding=rounding, generator=generator,
-                     axis=axis, amax=amax, tensor_amax=tensor_amax)
+                     axis=axis, amax=amax, tensor_amax=tensor_amax, block_amaxes=block_amaxes)
     codes = [
         element_codes(plan.X[r0:r1], plan.block_values(r0, r1), plan.scheme,
                       None if plan.noise is None else plan.noise[r0:r1], reciprocal=plan.block_reciprocals(r0, r1))
@@ -232,7 +237,7 @@ def assemble(data, scales, scheme: Scheme, shape, axis: int, tensor_scale=None) 
 
 
 def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None, axis=-1, amax=None,
-              tensor_amax=None) -> Plan:
+              tensor_amax=None, block_amaxes=None) -> Plan:
     """Check the arguments, view x as (R, C), compute every block's scale and draw the noise."""
     check_float_tensor(x)
     check_rounding(rounding)
@@ -243,7 +248,11 @@ def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None,
     br, bc = _block_shape(scheme, rows, cols)
     if tensor_amax is not None:
         tensor_amax = check_tensor_amax(tensor_amax, X.device)
-    if tensor_amax is not None and br == rows and bc == cols and X.numel():
+    if block_amaxes is not None:
+        block_amaxes = check_block_amaxes(block_amaxes, block_grid(scheme, x.shape, axis), X.device)
+    if block_amaxes is not None and X.numel():
+        actual = block_amaxes  # the blocks' own, given
+    elif tensor_amax is not None and br == rows and bc == cols and X.numel():
         actual = tensor_amax.reshape(1, 1)  # the one block's amax, given
     else:
         actual = _block_amaxes(x.detach(), X, br, bc, axis)  # (R/br, C/bc)
@@ -279,6 +288,25 @@ def check_amax(amax, actual: torch.Tensor) -> torch.Tensor:
                          f"not {amax.numel()} (shape {tuple(amax.shape)})")
     amax = amax.float().to(actual.device)
     return amax.reshape(()) if amax.numel() == 1 else amax.reshape(actual.shape)
+
+
+def block_grid(scheme: Scheme, shape, axis: int) -> tuple[int, int]:
+    """How many blocks of `scheme` a tensor of `shape` quantized along `axis` has: (down the
+    rows, along them) of its (R, C) view, as its scales are laid out."""
+    rows, cols = _matrix_shape(torch.Size(shape), _normalize_axis(axis, len(shape)))
+    br, bc = _block_shape(scheme, rows, cols)
+    return -(-rows // br), -(-cols // bc)
+
+
+def check_block_amaxes(block_amaxes, grid: tuple[int, int], device) -> torch.Tensor:
+    """Given block amaxes as fp32 of the blocks' shape `grid` on `device`; a clear error for
+    anything but one floating-point value per block."""
+    n = grid[0] * grid[1]
+    if not isinstance(block_amaxes, torch.Tensor) or not block_amaxes.is_floating_point() or block_amaxes.numel() != n:
+        got = (f"{block_amaxes.numel()} {block_amaxes.dtype} values" if isinstance(block_amaxes, torch.Tensor)
+               else type(block_amaxes).__name__)
+        raise ValueError(f"block_amaxes must hold one floating-point value per block ({n}), not {got}")
+    return block_amaxes.float().to(device).reshape(grid)
 
 
 def check_tensor_amax(tensor_amax, device) -> torch.Tensor:

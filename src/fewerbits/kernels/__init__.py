@@ -40,7 +40,7 @@ import importlib.util
 import torch
 
 from ..codes import pack
-from ..quantize import QuantizedTensor, check_tensor_amax, make_plan, matrix_view
+from ..quantize import QuantizedTensor, block_grid, check_block_amaxes, check_tensor_amax, make_plan, matrix_view
 from ..quantize import _normalize_axis as normalize_axis
 from ..quantize import quantize as reference_quantize
 from ..rounding import check_float_tensor, check_rounding, draw_seed
@@ -93,15 +93,17 @@ def _matrix_and_seed(x: torch.Tensor, rounding: str, generator, axis: int):
 
 
 def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", generator=None,
-             axis=-1, amax=None, tensor_amax=None) -> QuantizedTensor:
+             axis=-1, amax=None, tensor_amax=None, block_amaxes=None) -> QuantizedTensor:
     """`fewerbits.quantize` with Triton kernels where the backend says so (same arguments)."""
     kwargs = dict(scale_rule=scale_rule, rounding=rounding, generator=generator, axis=axis, amax=amax,
-                  tensor_amax=tensor_amax)
+                  tensor_amax=tensor_amax, block_amaxes=block_amaxes)
     if not uses_triton(x):
         scheme_ = get_scheme(scheme, scale_rule)
         if amax is None and codes_in_one_kernel(x, scheme_, axis):  # a compiled graph: the kernel's operator
             ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
-            codes, scales = torch.ops.fewerbits.rowblock_codes(X, scheme_.name, scheme_.scale_rule, seed)
+            if block_amaxes is not None:
+                block_amaxes = check_block_amaxes(block_amaxes, block_grid(scheme_, x.shape, ax), x.device)
+            codes, scales = torch.ops.fewerbits.rowblock_codes(X, scheme_.name, scheme_.scale_rule, seed, block_amaxes)
             return QuantizedTensor(codes, scales, scheme_, x.shape, ax)
         return reference_quantize(x, scheme, **kwargs)
     from . import rowblock
@@ -110,7 +112,10 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
     scheme_ = get_scheme(scheme, scale_rule)
     if tensor_amax is not None:
         tensor_amax = check_tensor_amax(tensor_amax, x.device)
-    if rowblock.supported(scheme_) and amax is None:  # amax, scales and codes in one kernel
+    if block_amaxes is not None:
+        block_amaxes = check_block_amaxes(block_amaxes, block_grid(scheme_, x.shape, axis), x.device)
+    if rowblock.supported(scheme_) and amax is None:  # amax, scales and codes in one kernel (which
+        # finds the blocks' amaxes in the read that makes their codes: given ones are not read)
         ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
         codes, scales, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, seed, tensor_amax=tensor_amax)
         if scheme_.elem.bits == 6:
@@ -119,7 +124,8 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
 
     if rowblock.amax_supported(scheme_) and x.numel():  # one reduction, then one kernel
         ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
-        codes, scales = rowblock.quantize_with_amax(X, scheme_, seed, amax, tensor_amax=tensor_amax)
+        codes, scales = rowblock.quantize_with_amax(X, scheme_, seed, amax, tensor_amax=tensor_amax,
+                                                    block_amaxes=block_amaxes)
         if scheme_.elem.bits == 6:
             codes = pack(codes, scheme_.elem)
         return QuantizedTensor(codes, scales, scheme_, x.shape, ax)
@@ -215,7 +221,8 @@ _LIB = torch.library.Library("fewerbits", "DEF")
 _LIB.define("rowblock_values(Tensor X, str scheme, str scale_rule, Tensor? seed, int[] hadamard_signs, "
             "Tensor? tensor_amax=None) -> (Tensor, Tensor)")
 _LIB.define("two_amaxes(Tensor X, int[] hadamard_signs) -> Tensor")
-_LIB.define("rowblock_codes(Tensor X, str scheme, str scale_rule, Tensor? seed) -> (Tensor, Tensor)")
+_LIB.define("rowblock_codes(Tensor X, str scheme, str scale_rule, Tensor? seed, Tensor? block_amaxes=None) "
+            "-> (Tensor, Tensor)")
 _LIB.define("transpose_codes(Tensor x) -> Tensor")
 
 
@@ -254,20 +261,21 @@ def _rowblock_values_fake(X, scheme, scale_rule, seed, hadamard_signs, tensor_am
     return X.new_empty(X.shape, dtype=torch.bfloat16), X.new_empty(shape, dtype=torch.float32)
 
 
-def _rowblock_codes(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.Tensor | None):
+def _rowblock_codes(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.Tensor | None,
+                    block_amaxes: torch.Tensor | None = None):
     """`quantize`'s codes and stored block scales of the (R, C) matrix X by the one-read kernel
-    (one block per row: `rowblock.quantize_with_amax`), as an operator for compiled graphs
-    (`codes_in_one_kernel`)."""
+    (one block per row: `rowblock.quantize_with_amax`, which takes the rows' amaxes where
+    block_amaxes gives them), as an operator for compiled graphs (`codes_in_one_kernel`)."""
     from . import rowblock
 
     s = get_scheme(scheme, scale_rule)
     if s.block == (1, -1):  # one scale per row
-        return rowblock.quantize_with_amax(X, s, seed)
+        return rowblock.quantize_with_amax(X, s, seed, block_amaxes=block_amaxes)
     codes, scales, _ = rowblock.quantize_rowblocks(X, s, seed)
     return codes, scales
 
 
-def _rowblock_codes_fake(X, scheme, scale_rule, seed):
+def _rowblock_codes_fake(X, scheme, scale_rule, seed, block_amaxes=None):
     s = get_scheme(scheme, scale_rule)
     (br, bc), (R, C) = s.block, X.shape
     bc = C if bc == -1 else bc  # one block per row
@@ -277,7 +285,7 @@ def _rowblock_codes_fake(X, scheme, scale_rule, seed):
 
 
 def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=None, axis=-1, hadamard=None,
-                     tensor_amax: torch.Tensor | None = None):
+                     tensor_amax: torch.Tensor | None = None, block_amaxes: torch.Tensor | None = None):
     """(bf16 matrix, per-tensor decode scale or None): the values an emulated GEMM multiplies —
     `quantize(x, ...).dequantize_matrix(bf16, tensor_scale=False)` and its `tensor_scale` — for
     a scheme whose values are exact in bf16; with `hadamard`, those of
@@ -286,7 +294,9 @@ def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=N
     transform itself where its size is the block's (`rowblock.hadamard_fusable`); otherwise
     transform, quantize, then dequantize. tensor_amax: for NVFP4, the amax of what is quantized
     (x, or its transform), from `two_amaxes`; the one kernel then reads x once instead of twice
-    (elsewhere it is not needed: the reference finds the same amax itself)."""
+    (elsewhere it is not needed: the reference finds the same amax itself). block_amaxes: x's
+    blocks' own amaxes (`quantize`'s), taken where x is quantized to codes first (the one kernel
+    finds them as it reads the blocks)."""
     scheme_ = get_scheme(scheme)
     if values_in_one_kernel(x, scheme_):
         from . import rowblock
@@ -305,7 +315,8 @@ def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=N
         return values, tensor_scale if scheme_.two_level else None
     if hadamard is not None:
         x = hadamard.transform(x, dim=axis)
-    q = quantize(x, scheme_, rounding=rounding, generator=generator, axis=axis)
+    q = quantize(x, scheme_, rounding=rounding, generator=generator, axis=axis,
+                 block_amaxes=block_amaxes if hadamard is None else None)
     return dequantize_matrix(q, torch.bfloat16, tensor_scale=False), q.tensor_scale
 
 

@@ -657,13 +657,14 @@ def rows_in_one_read(X: torch.Tensor, scheme: Scheme, amax: torch.Tensor | None 
 def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None,
                        amax: torch.Tensor | None = None, *, tile_r: int = 16, tile_c: int = 128,
                        tensor_amax: torch.Tensor | None = None, columns: bool | None = None,
-                       column_tile: tuple[int, int, int] | None = None):
+                       column_tile: tuple[int, int, int] | None = None, block_amaxes: torch.Tensor | None = None):
     """(codes, fp32 scales) of the (R, C) matrix X with one block per row or one for all.
 
     One reduction gives the amax (per row or of the tensor, NaN propagating), then one kernel
     applies the scale rule and writes scales and codes. `amax` overrides it where the actual
     amax is finite, as the reference does for delayed scaling. `tensor_amax`: X's own amax,
-    given (0-d fp32), where X is one block: no reduction then.
+    given (0-d fp32), where X is one block: no reduction then; `block_amaxes`: its rows' own
+    amaxes (or the one block's), given (fp32, one per row): no reduction for them either.
 
     Long rows read along their length (`rows_in_one_read`) take one program a row, in one read.
     Rows contiguous in memory (a transposed view, `column_codes_supported`) are quantized by
@@ -689,7 +690,9 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         raise ValueError(f"the column kernel takes one-byte codes of a view whose rows are contiguous, not "
                          f"{scheme.name} of strides {X.stride()}")
     inf = float("inf")
-    if columns and X.dtype == torch.bfloat16:
+    if block_amaxes is not None:
+        actual = block_amaxes
+    elif columns and X.dtype == torch.bfloat16:
         actual = column_amaxes(X)
     elif per_row:
         actual = torch.linalg.vector_norm(X, ord=inf, dim=1)

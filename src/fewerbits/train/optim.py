@@ -43,16 +43,31 @@ class AdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.state_dtype = state_dtype
         self.fused = fused
-        # parameter → (its amax as the fused kernel wrote it, its version just after)
+        # parameter → (its amax as the fused kernel wrote it, its columns' or None, its version
+        # just after)
         self._amaxes = WeakIdKeyDictionary()
+        self._columns_asked = WeakIdKeyDictionary()  # 2-D parameters whose columns' amaxes were asked for
 
-    def weight_amax(self, p: torch.Tensor) -> torch.Tensor | None:
+    def weight_amax(self, p: torch.Tensor, dim: int | None = None) -> torch.Tensor | None:
         """max |p| (a 0-d fp32 tensor on p's device, NaN if p holds NaN) as the fused kernel
         found it while writing p at the last step, or None: p was not updated by the kernel, or
         has changed since (its version counter moved). For `QuantizedLinear.set_weight_amax`,
-        whose per-tensor quantizers then need no pass over the weight to find it."""
+        whose quantizers then need no pass over the weight to find it.
+
+        dim=0: a 2-D p's amaxes over dim 0, one per column (fp32, shape (p.shape[1],)), for a
+        copy of p quantized with one scale per column (fp8_rowwise's input-gradient weight).
+        The kernel finds them from the step after the first ask for them (until then: None)."""
+        if dim not in (None, 0):
+            raise ValueError(f"weight_amax gives the amax of the whole parameter (dim=None) or of its columns "
+                             f"(dim=0), not dim={dim!r}")
+        if dim == 0:
+            if p.dim() != 2:
+                raise ValueError(f"weight_amax(dim=0) is for a 2-D parameter, not one of shape {tuple(p.shape)}")
+            self._columns_asked[p] = True
         hit = self._amaxes.get(p)
-        return hit[0] if hit is not None and hit[1] == p._version else None
+        if hit is None or hit[2] != p._version:
+            return None
+        return hit[0] if dim is None else hit[1]
 
     def _fused_for(self, p: torch.Tensor) -> bool:
         if self.fused is False:
@@ -76,7 +91,8 @@ class AdamW(torch.optim.Optimizer):
         fused kernel applies it as it reads the gradient (no pass of its own) and leaves the
         gradient as it was; the multi-tensor path scales the gradients in place first.
 
-        The fused kernel also finds each parameter's amax as it writes it (`weight_amax`)."""
+        The fused kernel also finds each parameter's amax as it writes it, and its columns'
+        where they were asked for (`weight_amax`)."""
         if closure is not None:
             raise ValueError("AdamW.step takes no closure")
         if grad_scale is not None and (not isinstance(grad_scale, torch.Tensor) or grad_scale.numel() != 1
@@ -85,14 +101,16 @@ class AdamW(torch.optim.Optimizer):
         scales: dict = {}  # grad_scale on each parameter's device, moved once
         fused = [p for group in self.param_groups for p in group["params"]
                  if p.grad is not None and self._fused_for(p)]
-        # the fused kernel's amaxes of the new parameters: one int32 slot each, zeroed at once
-        slots = {dev: torch.zeros(sum(p.device == dev for p in fused), dtype=torch.int32, device=dev)
+        # the fused kernel's amaxes of the new parameters: one int32 slot each, and one a column
+        # for those whose columns' amaxes were asked for, zeroed at once
+        width = {id(p): 1 + (p.shape[1] if p in self._columns_asked and p.dim() == 2 else 0) for p in fused}
+        slots = {dev: torch.zeros(sum(width[id(p)] for p in fused if p.device == dev), dtype=torch.int32, device=dev)
                  for dev in {p.device for p in fused}}
         taken = dict.fromkeys(slots, 0)
-        slot_of = {}  # id(parameter) → its slot, for the parameters the kernel updates
+        slot_of = {}  # id(parameter) → its slots (amax, then its columns'), for the parameters the kernel updates
         for p in fused:
-            slot_of[id(p)] = slots[p.device][taken[p.device]:taken[p.device] + 1]
-            taken[p.device] += 1
+            start, taken[p.device] = taken[p.device], taken[p.device] + width[id(p)]
+            slot_of[id(p)] = slots[p.device][start:taken[p.device]]
         for group in self.param_groups:
             b1, b2 = group["betas"]
             batches: dict = {}
@@ -112,10 +130,13 @@ class AdamW(torch.optim.Optimizer):
                 if bits is not None:  # the fused kernel
                     from ..kernels.adamw import adamw_step
 
+                    columns = bits[1:] if bits.numel() > 1 else None
                     adamw_step(p, state["exp_avg"], state["exp_avg_sq"], lr=group["lr"], beta1=b1, beta2=b2,
                                eps=group["eps"], weight_decay=group["weight_decay"], step=state["step"].item(),
-                               grad_scale=None if scale is None else scale.float(), amax_bits=bits)
-                    self._amaxes[p] = (bits.view(torch.float32).reshape(()), p._version)
+                               grad_scale=None if scale is None else scale.float(), amax_bits=bits[:1],
+                               column_bits=columns)
+                    self._amaxes[p] = (bits[:1].view(torch.float32).reshape(()),
+                                       None if columns is None else columns.view(torch.float32), p._version)
                     continue
                 self._amaxes.pop(p, None)
                 key = (p.device, p.dtype, state["step"].item())
