@@ -53,13 +53,23 @@ def _update(p, g, m, v, s_ptr, lr, w1, b2, w2, eps, wd, bc1, bc2, DECAY: tl.cons
 
 
 @triton.jit
-def _store_states(m_ptr, v_ptr, offs, mask, m, v, STATE_BF16: tl.constexpr):
+def _step(p_ptr, g_ptr, m_ptr, v_ptr, offs, mask, s_ptr, lr, w1, b2, w2, eps, wd, bc1, bc2,
+          STATE_BF16: tl.constexpr, DECAY: tl.constexpr, SCALED: tl.constexpr):
+    """Load p, g, m, v at offs, update them, store p, m, v; returns the new p's magnitudes as
+    bits (sign cleared: ordered as the magnitudes, NaN above +inf), 0 where masked off."""
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    p, m, v = _update(p, g, m, v, s_ptr, lr, w1, b2, w2, eps, wd, bc1, bc2, DECAY, SCALED)
     if STATE_BF16:
         tl.store(m_ptr + offs, m.to(tl.bfloat16), mask=mask)
         tl.store(v_ptr + offs, v.to(tl.bfloat16), mask=mask)
     else:
         tl.store(m_ptr + offs, m, mask=mask)
         tl.store(v_ptr + offs, v, mask=mask)
+    tl.store(p_ptr + offs, p, mask=mask)
+    return tl.where(mask, p.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0)
 
 
 @triton.jit
@@ -67,16 +77,9 @@ def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, s_ptr, amax_ptr, n, lr, w1, b2, w2
                   BLOCK: tl.constexpr, STATE_BF16: tl.constexpr, DECAY: tl.constexpr, SCALED: tl.constexpr,
                   AMAX: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
-    m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    p, m, v = _update(p, g, m, v, s_ptr, lr, w1, b2, w2, eps, wd, bc1, bc2, DECAY, SCALED)
-    _store_states(m_ptr, v_ptr, offs, mask, m, v, STATE_BF16)
-    tl.store(p_ptr + offs, p, mask=mask)
-    if AMAX:  # |p| as bits (sign cleared): ordered as the magnitudes, NaN above +inf
-        bits = tl.where(mask, p.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0)
+    bits = _step(p_ptr, g_ptr, m_ptr, v_ptr, offs, offs < n, s_ptr, lr, w1, b2, w2, eps, wd, bc1, bc2,
+                 STATE_BF16, DECAY, SCALED)
+    if AMAX:
         tl.atomic_max(amax_ptr, tl.max(bits, axis=0))
 
 
@@ -94,16 +97,9 @@ def _adamw_columns_kernel(p_ptr, g_ptr, m_ptr, v_ptr, s_ptr, amax_ptr, col_ptr, 
     best = tl.zeros((TILE_C,), dtype=tl.int32)
     for step in range(STEPS):
         rows = top + step * TILE_R + tl.arange(0, TILE_R)
-        mask = (rows < R)[:, None] & col_ok[None, :]
-        offs = rows[:, None] * C + cols[None, :]
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0)
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0)
-        m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        p, m, v = _update(p, g, m, v, s_ptr, lr, w1, b2, w2, eps, wd, bc1, bc2, DECAY, SCALED)
-        _store_states(m_ptr, v_ptr, offs, mask, m, v, STATE_BF16)
-        tl.store(p_ptr + offs, p, mask=mask)
-        bits = tl.where(mask, p.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0)
+        bits = _step(p_ptr, g_ptr, m_ptr, v_ptr, rows[:, None] * C + cols[None, :],
+                     (rows < R)[:, None] & col_ok[None, :], s_ptr, lr, w1, b2, w2, eps, wd, bc1, bc2,
+                     STATE_BF16, DECAY, SCALED)
         best = tl.maximum(best, tl.max(bits, axis=0))
     tl.atomic_max(col_ptr + cols, best, mask=col_ok)
     if AMAX:
