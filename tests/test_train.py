@@ -645,11 +645,12 @@ def test_fused_adamw_finds_the_columns_amaxes_asked_for():
     shape = (tr * steps + 3, tc + 5)  # two programs down, two across, both ragged
     ps = [torch.randn(shape, device=device, requires_grad=True) for _ in range(2)]
     vec = torch.randn(7, device=device, requires_grad=True)
+    gain = torch.randn((), device=device, requires_grad=True)  # 0-d: the flat kernel, no columns
     with torch.no_grad():
         for p in ps:
             p[tr * steps + 1, tc + 2] = -40.0  # a column's largest magnitude, in the last program
         ps[1][5, 3] = float("nan")
-    ours, plain = AdamW(ps + [vec], lr=1e-2, fused=True), AdamW([p.detach().clone().requires_grad_() for p in ps],
+    ours, plain = AdamW(ps + [vec, gain], lr=1e-2, fused=True), AdamW([p.detach().clone().requires_grad_() for p in ps],
                                                               lr=1e-2, fused=True)
     assert ours.weight_amax(ps[0], dim=0) is None  # asked before any step: found from the next one
     ours.weight_amax(ps[1], dim=0)
@@ -657,7 +658,7 @@ def test_fused_adamw_finds_the_columns_amaxes_asked_for():
         for p, q in zip(ps, plain.param_groups[0]["params"]):
             p.grad = torch.randn_like(p)
             q.grad = p.grad.clone()
-        vec.grad = torch.randn_like(vec)
+        vec.grad, gain.grad = torch.randn_like(vec), torch.randn_like(gain)
         ours.step()
         plain.step()
         for p, q in zip(ps, plain.param_groups[0]["params"]):
@@ -670,6 +671,7 @@ def test_fused_adamw_finds_the_columns_amaxes_asked_for():
             assert torch.equal(cols.nan_to_num(-1.0), want.nan_to_num(-1.0))
             assert torch.equal(whole.nan_to_num(-1.0), plain.weight_amax(q).nan_to_num(-1.0))
     assert torch.isnan(ours.weight_amax(ps[1], dim=0)[3]) and not torch.isnan(ours.weight_amax(ps[1], dim=0)[4])
+    assert torch.equal(ours.weight_amax(gain), gain.detach().abs())
     with pytest.raises(ValueError, match="2-D parameter"):
         ours.weight_amax(vec, dim=0)
     with pytest.raises(ValueError, match="not dim=1"):

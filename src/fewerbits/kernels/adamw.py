@@ -147,9 +147,10 @@ def adamw_step(p: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
         raise ValueError(f"grad_scale must be one fp32 value on {p.device}, not {tuple(grad_scale.shape)} "
                          f"{grad_scale.dtype} on {grad_scale.device}")
     _check_bits("amax_bits", amax_bits, 1, p)
-    if column_bits is not None and p.dim() != 2:
-        raise ValueError(f"column_bits are for a 2-D parameter, not one of shape {tuple(p.shape)}")
-    _check_bits("column_bits", column_bits, p.shape[-1], p)
+    if column_bits is not None:
+        if p.dim() != 2:
+            raise ValueError(f"column_bits are for a 2-D parameter, not one of shape {tuple(p.shape)}")
+        _check_bits("column_bits", column_bits, p.shape[1], p)
     # the scalars as the multi-tensor ops receive them: computed in double, used in fp32
     scalars = (lr, 1 - beta1, beta2, 1 - beta2, eps, weight_decay, 1 - beta1**step, 1 - beta2**step)
     flags = dict(STATE_BF16=exp_avg.dtype == torch.bfloat16, DECAY=weight_decay != 0, SCALED=grad_scale is not None,
