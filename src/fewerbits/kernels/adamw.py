@@ -20,7 +20,10 @@ Given a slot for it, the kernel also finds the new parameter's amax, max |p| (Na
 NaN), as it writes p: each program reduces its block's magnitudes as int32 bit patterns (for
 non-negative floats their order as integers is their order as floats, and every NaN pattern
 lies above +inf's) and takes the maximum into the slot atomically. A per-tensor quantizer of the
-weight then needs no pass of its own to find it (QuantizedLinear.set_weight_amax).
+weight then needs no pass of its own to find it (QuantizedLinear.set_weight_amax). Given a
+slot per column of a 2-D parameter, a tiled kernel makes the same update and finds each
+column's amax the same way, for a copy of the weight with one scale per column (fp8_rowwise's
+input-gradient weight).
 """
 
 from __future__ import annotations
