@@ -319,6 +319,57 @@ def test_compiled_rowwise_copies_take_their_codes_from_the_kernels(monkeypatch):
     assert same
 
 
+def test_compiled_swiglu_gradients_reach_both_copies_as_one_tensor(monkeypatch):
+    """A tensor that one GEMM quantizes along its rows and another along its columns enters
+    both operator calls as one buffer: with the transposed view given to the column-wise call,
+    inductor wrote the up projection's gradient twice from the SwiGLU backward, a second buffer
+    for that call (docs/kernels-notes.md, v29). fp8_rowwise on the model's SwiGLU, compiled
+    under the triton backend (kernels interpreted on a CPU): the row-wise calls (forward: the
+    down projection's input h; backward: the gate and up projections' gradients) and the
+    column-wise calls for the weight-gradient GEMMs read the same three storages, and the
+    outputs and gradients are eager mode's bits."""
+    from fewerbits import kernels
+    from fewerbits.kernels import rowblock
+    from fewerbits.models.llama import SwiGLU
+
+    calls = []  # (kind, X): X kept alive, so no storage is freed and reused during the run
+    real = rowblock.quantize_with_amax
+
+    def counted(X, scheme, seed, amax=None, **kwargs):
+        if X.shape in ((64, 256), (256, 64)):
+            calls.append(("columns" if rowblock.column_codes_supported(X, scheme) else "rows", X))
+        return real(X, scheme, seed, amax, **kwargs)
+
+    monkeypatch.setattr(rowblock, "quantize_with_amax", counted)
+    monkeypatch.setattr(rowblock, "LONG_ROW", 256)
+    monkeypatch.setattr(rowblock, "ONE_READ_ROWS", 16)  # fewer programs for the interpreter
+    torch.manual_seed(0)
+    model = SwiGLU(32, 256).to(torch.bfloat16)
+    fb.convert(model, "fp8_rowwise", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
+    x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)  # (so gate and up make dgrad)
+    torch._dynamo.reset()
+    kernels.set_backend("triton")
+    try:
+        eager = model(x)
+        eager.float().square().sum().backward()
+        grads = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+        x.grad = None
+        model.zero_grad(set_to_none=True)
+        calls.clear()
+        out = fb.compile_model(model)(x)
+        out.float().square().sum().backward()
+        compiled_grads = [x.grad] + [p.grad for p in model.parameters()]
+    finally:
+        kernels.set_backend("auto")
+        torch._dynamo.reset()
+    compiled = calls
+    storages = {kind: {X.untyped_storage().data_ptr() for k, X in compiled if k == kind}
+                for kind in ("rows", "columns")}
+    assert len(compiled) == 6 and len(storages["rows"]) == 3, [(k, X.shape) for k, X in compiled]
+    assert storages["columns"] == storages["rows"]
+    assert torch.equal(out, eager) and all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
+
+
 def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatch):
     """In a compiled graph the column-wise copies of per-tensor FP8 codes (wgrad's input and
     grad_output) come from the tiled transpose kernel, called as the operator

@@ -42,19 +42,44 @@ def test_kernel_equals_reference(name, rule, axis):
 def test_the_codes_operator_gives_the_reference_codes_in_the_shapes_it_declares(name, rule, axis):
     """fewerbits::rowblock_codes (the codes compiled graphs take from the one-read kernel) gives
     the reference's codes and scales — NaN, inf and zeros in blocks that neither dimension
-    fills, row and column reads, 4-bit codes packed — and its fake form, which inductor plans
-    the graph's buffers with, declares the same shapes and dtypes."""
+    fills, row and column reads (given the transposed view, or the tensor as stored with
+    columns=True), 4-bit codes packed — and its fake form, which inductor plans the graph's
+    buffers with, declares the same shapes and dtypes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     scheme = fb.get_scheme(name, rule)
     x = torch.from_numpy(hard_matrix(300, 260, seed=8, specials=True)).to(DEVICE).bfloat16()
     ref = fb.quantize(x, scheme, axis=axis)
-    X = x if axis == -1 else x.t()
-    codes, scales = torch.ops.fewerbits.rowblock_codes(X, scheme.name, scheme.scale_rule, None)
-    assert same(fb.QuantizedTensor(codes, scales, scheme, x.shape, ref.axis), ref)
+    for X, columns in [(x, False)] if axis == -1 else [(x.t(), False), (x, True)]:
+        codes, scales = torch.ops.fewerbits.rowblock_codes(X, scheme.name, scheme.scale_rule, None, None, columns)
+        assert same(fb.QuantizedTensor(codes, scales, scheme, x.shape, ref.axis), ref)
+        with FakeTensorMode() as mode:
+            fake = torch.ops.fewerbits.rowblock_codes(mode.from_tensor(X), scheme.name, scheme.scale_rule, None,
+                                                      None, columns)
+        assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in (codes, scales)]
+
+
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "nvfp4"])
+def test_the_values_operator_reads_columns_from_the_tensor_as_stored(name):
+    """fewerbits::rowblock_values along x's columns, given x as stored with columns=True (as
+    compiled graphs give it), makes the reference's values — those it makes from the
+    transposed view — and its fake form declares their shapes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode() as mode:
-        fake = torch.ops.fewerbits.rowblock_codes(mode.from_tensor(X), scheme.name, scheme.scale_rule, None)
-    assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in (codes, scales)]
+    scheme = fb.get_scheme(name)
+    x = torch.from_numpy(hard_matrix(96, 80, seed=3, specials=True)).to(DEVICE).bfloat16()
+    ref = fb.quantize(x, scheme, axis=0)
+    want = ref.dequantize_matrix(torch.bfloat16, tensor_scale=False)
+    for X, columns in [(x.t(), False), (x, True)]:
+        values, tensor_scale = torch.ops.fewerbits.rowblock_values(X, scheme.name, scheme.scale_rule, None, [],
+                                                                   None, columns)
+        assert same_values(values, want)
+        if scheme.two_level:
+            assert torch.equal(tensor_scale, ref.tensor_scale)
+        with FakeTensorMode() as mode:
+            fake = torch.ops.fewerbits.rowblock_values(mode.from_tensor(X), scheme.name, scheme.scale_rule, None, [],
+                                                       None, columns)
+        assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in (values, tensor_scale)]
 
 
 @pytest.mark.parametrize("scheme", USER, ids=lambda s: s.describe())

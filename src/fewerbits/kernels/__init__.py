@@ -103,7 +103,9 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
             ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
             if block_amaxes is not None:
                 block_amaxes = check_block_amaxes(block_amaxes, block_grid(scheme_, x.shape, ax), x.device)
-            codes, scales = torch.ops.fewerbits.rowblock_codes(X, scheme_.name, scheme_.scale_rule, seed, block_amaxes)
+            columns = _as_stored(x, ax)
+            codes, scales = torch.ops.fewerbits.rowblock_codes(x.detach() if columns else X, scheme_.name,
+                                                               scheme_.scale_rule, seed, block_amaxes, columns)
             return QuantizedTensor(codes, scales, scheme_, x.shape, ax)
         return reference_quantize(x, scheme, **kwargs)
     from . import rowblock
@@ -167,6 +169,16 @@ def _registry_scheme(scheme) -> bool:
             and named.scale_fmt == scheme.scale_fmt)
 
 
+def _as_stored(x: torch.Tensor, axis: int) -> bool:
+    """Whether an operator of a compiled graph takes the 2-D tensor x as it is, to quantize it
+    along its columns (axis 0; the operators' `columns`), instead of its transposed view. One
+    tensor then enters a graph's operators in one layout for both of its copies (rows for one
+    GEMM, columns for another). Given the transposed view for the column-wise copy, inductor
+    wrote the tensor twice where the kernel producing it was its own (a SwiGLU's gradient:
+    docs/kernels-notes.md, v29)."""
+    return x.dim() == 2 and axis == 0
+
+
 def _graph_calls_operators(x: torch.Tensor) -> bool:
     """Whether a graph torch.compile is tracing now calls the kernels' operators for x: Triton
     importable, and x on a GPU under the auto backend or anywhere under the triton backend."""
@@ -219,10 +231,10 @@ def codes_in_one_kernel(x: torch.Tensor, scheme, axis: int = -1) -> bool:
 # (autograd and aliasing checks) cost several times the dispatch of a plain registration.
 _LIB = torch.library.Library("fewerbits", "DEF")
 _LIB.define("rowblock_values(Tensor X, str scheme, str scale_rule, Tensor? seed, int[] hadamard_signs, "
-            "Tensor? tensor_amax=None) -> (Tensor, Tensor)")
+            "Tensor? tensor_amax=None, bool columns=False) -> (Tensor, Tensor)")
 _LIB.define("two_amaxes(Tensor X, int[] hadamard_signs) -> Tensor")
-_LIB.define("rowblock_codes(Tensor X, str scheme, str scale_rule, Tensor? seed, Tensor? block_amaxes=None) "
-            "-> (Tensor, Tensor)")
+_LIB.define("rowblock_codes(Tensor X, str scheme, str scale_rule, Tensor? seed, Tensor? block_amaxes=None, "
+            "bool columns=False) -> (Tensor, Tensor)")
 _LIB.define("transpose_codes(Tensor x) -> Tensor")
 
 
@@ -238,13 +250,16 @@ def _hadamard_of(signs):
 
 
 def _rowblock_values(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.Tensor | None,
-                     hadamard_signs, tensor_amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The one-kernel values of the (R, C) matrix X as an operator for compiled graphs: (the bf16
-    values, the per-tensor decode scale (NVFP4), else an empty tensor); with hadamard_signs,
-    the values of the Hadamard transform with those signs, applied by the kernel; with
-    tensor_amax, NVFP4's tensor amax given (`two_amaxes`)."""
+                     hadamard_signs, tensor_amax: torch.Tensor | None = None,
+                     columns: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one-kernel values of the (R, C) matrix X (columns: of X.t(), X given as stored,
+    `_as_stored`) as an operator for compiled graphs: (the bf16 values, the per-tensor decode
+    scale (NVFP4), else an empty tensor); with hadamard_signs, the values of the Hadamard
+    transform with those signs, applied by the kernel; with tensor_amax, NVFP4's tensor amax
+    given (`two_amaxes`)."""
     from . import rowblock
 
+    X = X.t() if columns else X
     values, _, s_dec = rowblock.quantize_rowblocks(X, get_scheme(scheme, scale_rule), seed, values=True,
                                                    hadamard=_hadamard_of(hadamard_signs), tensor_amax=tensor_amax)
     return values, s_dec if s_dec is not None else X.new_empty((0,), dtype=torch.float32)
@@ -256,18 +271,21 @@ def _two_amaxes(X: torch.Tensor, hadamard_signs) -> torch.Tensor:
     return rowblock.two_amaxes(X, _hadamard_with(tuple(hadamard_signs)))
 
 
-def _rowblock_values_fake(X, scheme, scale_rule, seed, hadamard_signs, tensor_amax=None):
+def _rowblock_values_fake(X, scheme, scale_rule, seed, hadamard_signs, tensor_amax=None, columns=False):
     shape = () if get_scheme(scheme).two_level else (0,)
-    return X.new_empty(X.shape, dtype=torch.bfloat16), X.new_empty(shape, dtype=torch.float32)
+    R, C = reversed(X.shape) if columns else X.shape
+    return X.new_empty((R, C), dtype=torch.bfloat16), X.new_empty(shape, dtype=torch.float32)
 
 
 def _rowblock_codes(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.Tensor | None,
-                    block_amaxes: torch.Tensor | None = None):
-    """`quantize`'s codes and stored block scales of the (R, C) matrix X by the one-read kernel
-    (one block per row: `rowblock.quantize_with_amax`, which takes the rows' amaxes where
-    block_amaxes gives them), as an operator for compiled graphs (`codes_in_one_kernel`)."""
+                    block_amaxes: torch.Tensor | None = None, columns: bool = False):
+    """`quantize`'s codes and stored block scales of the (R, C) matrix X (columns: of X.t(), X
+    given as stored, `_as_stored`) by the one-read kernel (one block per row:
+    `rowblock.quantize_with_amax`, which takes the rows' amaxes where block_amaxes gives them),
+    as an operator for compiled graphs (`codes_in_one_kernel`)."""
     from . import rowblock
 
+    X = X.t() if columns else X
     s = get_scheme(scheme, scale_rule)
     if s.block == (1, -1):  # one scale per row
         return rowblock.quantize_with_amax(X, s, seed, block_amaxes=block_amaxes)
@@ -275,9 +293,9 @@ def _rowblock_codes(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.T
     return codes, scales
 
 
-def _rowblock_codes_fake(X, scheme, scale_rule, seed, block_amaxes=None):
+def _rowblock_codes_fake(X, scheme, scale_rule, seed, block_amaxes=None, columns=False):
     s = get_scheme(scheme, scale_rule)
-    (br, bc), (R, C) = s.block, X.shape
+    (br, bc), (R, C) = s.block, tuple(reversed(X.shape)) if columns else X.shape
     bc = C if bc == -1 else bc  # one block per row
     codes = X.new_empty((R, (C + 1) // 2 if s.elem.bits == 4 else C), dtype=torch.uint8)
     scale_dtype = torch.uint8 if s.scale_fmt.bits <= 8 else torch.float32
@@ -310,8 +328,10 @@ def quantized_values(x: torch.Tensor, scheme, *, rounding="nearest", generator=N
                                                                   tensor_amax=tensor_amax)
             return values, tensor_scale
         signs = list(hadamard.sign_vector()) if hadamard is not None else []
-        values, tensor_scale = torch.ops.fewerbits.rowblock_values(X, scheme_.name, scheme_.scale_rule, seed, signs,
-                                                                   tensor_amax)
+        columns = _as_stored(x, ax)
+        values, tensor_scale = torch.ops.fewerbits.rowblock_values(x.detach() if columns else X, scheme_.name,
+                                                                   scheme_.scale_rule, seed, signs, tensor_amax,
+                                                                   columns)
         return values, tensor_scale if scheme_.two_level else None
     if hadamard is not None:
         x = hadamard.transform(x, dim=axis)
