@@ -174,8 +174,8 @@ def _as_stored(x: torch.Tensor, axis: int) -> bool:
     along its columns (axis 0; the operators' `columns`), instead of its transposed view. One
     tensor then enters a graph's operators in one layout for both of its copies (rows for one
     GEMM, columns for another). Given the transposed view for the column-wise copy, inductor
-    wrote the tensor twice where the kernel producing it was its own (a SwiGLU's gradient:
-    docs/kernels-notes.md, v29)."""
+    stored a tensor that one of the graph's kernels makes a second time, for that call alone
+    (a SwiGLU's gradient: docs/kernels-notes.md, v29)."""
     return x.dim() == 2 and axis == 0
 
 
