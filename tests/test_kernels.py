@@ -3,9 +3,12 @@ Triton's interpreter on a CPU (conftest sets TRITON_INTERPRET=1 there)."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import fewerbits as fb
 from fewerbits import kernels
+from fewerbits.kernels.rowblock import _hadamard_blocks
 from test_quantize import MX, hard_matrix
 
 CASES = [(n, None) for n in fb.SCHEMES] + [(n, r) for n in MX for r in ("rceil", "ceil", "even")]
@@ -485,6 +488,36 @@ def same_values(values, ref) -> bool:
     nan = ref.isnan()
     return (values.shape == ref.shape and torch.equal(values.isnan(), nan)
             and torch.equal(values[~nan].view(torch.int16), ref[~nan].view(torch.int16)))
+
+
+@triton.jit
+def _butterfly(x_ptr, out_ptr, signs_ptr, h_scale, BC: tl.constexpr, STAGES: tl.constexpr, BY_SPLIT: tl.constexpr):
+    """The kernels' transform of a (4, BC) fp32 matrix's rows, as a (2, 2, BC) tile."""
+    i = (tl.arange(0, 2)[:, None, None] * 2 + tl.arange(0, 2)[None, :, None]) * BC + tl.arange(0, BC)[None, None, :]
+    tl.store(out_ptr + i, _hadamard_blocks(tl.load(x_ptr + i), signs_ptr, h_scale, 2, 2, BC, STAGES, BY_SPLIT))
+
+
+@pytest.mark.parametrize("size", [16, 32])
+def test_both_forms_of_the_kernels_butterfly_give_the_transforms_bits(size):
+    """`_hadamard_blocks`' two forms of a butterfly stage — the reductions over an axis of two
+    that a GPU compiles, and the split and join that the interpreter runs — each give
+    `Hadamard.transform`'s bits: signed zeros (whole blocks of ±0, whose outputs mix +0 and −0),
+    NaN, inf, subnormal and ordinary blocks."""
+    h = fb.Hadamard(size, seed=4)
+    x = torch.from_numpy(hard_matrix(4, size, seed=6, specials=False)).to(DEVICE)
+    x[0] = torch.where(torch.arange(size, device=DEVICE) % 3 == 0, -0.0, 0.0)  # a block of signed zeros
+    x[1, 0] = float("nan")
+    x[1, 1] = float("inf")
+    x[2, :4] = torch.tensor([1e-40, -1e-42, 3e-39, -2e-45])
+    ref = h.transform(x, dim=-1).view(torch.int32)
+    assert (ref[0] == -2**31).any() and (ref[0] == 0).any()  # the block of zeros gives −0 and +0
+    for by_split in (False, True):
+        out = torch.empty_like(x)
+        _butterfly[(1,)](x, out, h.signs_tensor(x.device), h.scale, BC=size, STAGES=size.bit_length() - 1,
+                        BY_SPLIT=by_split)
+        nan = out.isnan()
+        assert torch.equal(nan, ref.view(torch.float32).isnan()) and nan[1].all() and not nan[[0, 2, 3]].any()
+        assert torch.equal(out.view(torch.int32)[~nan], ref[~nan]), by_split
 
 
 @pytest.mark.parametrize("name, size", [("mxfp4", 32), ("nvfp4", 16)])

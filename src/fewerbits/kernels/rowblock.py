@@ -71,18 +71,28 @@ def _add(a, b):
 
 @triton.jit
 def _hadamard_blocks(x, signs_ptr, h_scale, TILE_R: tl.constexpr, NB: tl.constexpr, BC: tl.constexpr,
-                     STAGES: tl.constexpr):
+                     STAGES: tl.constexpr, BY_SPLIT: tl.constexpr = False):
     """hadamard.py's transform of every BC-block of a (TILE_R, NB, BC) fp32 tile, in its order:
     the signs, the butterfly stages s = 1, 2, 4, … (the pair (i, i + s) becomes (sum, difference),
-    each one float32 addition: a reduction over an axis of two — by `_add`, not tl.sum, whose
-    interpreted form starts from +0 and so turns −0 + −0 into +0), then × fp32(1/√BC)."""
+    each one float32 addition), then × fp32(1/√BC).
+
+    Two forms of a stage, the same additions: compiled, a reduction over an axis of two (by
+    `_add`, not tl.sum, whose interpreted form starts from +0 and so turns −0 + −0 into +0),
+    which keeps the tile in registers and lane shuffles; BY_SPLIT, the pair taken apart by
+    tl.split and put back by tl.join, for Triton's interpreter, which runs a reduction by
+    `_add` one element at a time (~50× slower) but these as whole arrays. (Compiled, the split
+    form moves the tile through shared memory, with barriers: scripts/kernel_sass.py.)"""
     x = x * tl.load(signs_ptr + tl.arange(0, BC))[None, None, :]
     pm = (1 - 2 * tl.arange(0, 2)).to(tl.float32)[None, None, :, None]  # +1, −1
     for st in tl.static_range(STAGES):  # BC = 2^STAGES; stage st pairs i and i + 2^st
         y = tl.reshape(x, (TILE_R * NB, BC >> (st + 1), 2, 1 << st))
-        total = tl.reduce(y, 2, _add, keep_dims=True)  # y_i + y_{i+2^st}
-        diff = tl.reduce(y * pm, 2, _add, keep_dims=True)  # y_i − y_{i+2^st}
-        x = tl.reshape(tl.where(pm > 0, total, diff), (TILE_R, NB, BC))
+        if BY_SPLIT:  # the pair's axis last, split: y_i and y_{i+2^st}
+            a, b = tl.split(tl.permute(y, (0, 1, 3, 2)))
+            x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (TILE_R, NB, BC))
+        else:
+            total = tl.reduce(y, 2, _add, keep_dims=True)  # y_i + y_{i+2^st}
+            diff = tl.reduce(y * pm, 2, _add, keep_dims=True)  # y_i − y_{i+2^st}
+            x = tl.reshape(tl.where(pm > 0, total, diff), (TILE_R, NB, BC))
     return x * h_scale
 
 
@@ -161,7 +171,8 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
                      BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
                      SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
                      X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr,
-                     MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr):
+                     MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr,
+                     H_SPLIT: tl.constexpr = False):
     NB: tl.constexpr = TILE_C // BC
     # the tile as (TILE_R, NB, BC): rows, blocks, a block's columns; a block's amax and its
     # factor broadcast back along the last axis, with no reshape between (a reshape can make
@@ -177,7 +188,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
     x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
     xbits = x.to(tl.int32, bitcast=True)
     if H_STAGES > 0:  # the blocks transformed first (C a multiple of BC: no padding in a block)
-        x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, H_STAGES)
+        x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, H_STAGES, H_SPLIT)
         xbits = x.to(tl.int32, bitcast=True)
 
     # ---- amax of each block: (TILE_R, NB) -------------------------------------------------
@@ -247,7 +258,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
 @triton.jit(do_not_specialize=["row_stride"])
 def _hadamard_amax_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, row_stride, signs_ptr, h_scale, BC: tl.constexpr,
                           TILE_R: tl.constexpr, TILE_C: tl.constexpr, STAGES: tl.constexpr, X_BF16: tl.constexpr,
-                          AS_ROWS: tl.constexpr):
+                          AS_ROWS: tl.constexpr, H_SPLIT: tl.constexpr = False):
     """The amax of the Hadamard-transformed (R, C) matrix, as the largest |x| bit pattern (NaN
     above inf), by an atomic max of each tile's into *amax_bits_ptr (int32, starting at 0); a
     column read laid out as a row read where AS_ROWS (as `_rowblock_kernel`)."""
@@ -257,7 +268,7 @@ def _hadamard_amax_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, row_stride, sign
     inside3 = (rows3 < R) & (cols3 < C)
     offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
     x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
-    x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, STAGES)
+    x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, STAGES, H_SPLIT)
     bits = tl.max(tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1), axis=0)
     tl.atomic_max(amax_bits_ptr, bits)
 
@@ -384,6 +395,12 @@ def two_amaxes(X: torch.Tensor, hadamard, *, tile_c: int = 1024, groups: int = 4
                                  hadamard.scale, TILE_C=tile_c, GROUPS=groups, X_BF16=X.dtype == torch.bfloat16,
                                  num_warps=num_warps)
     return bits.view(torch.float32)
+
+
+def _interpreted(X: torch.Tensor) -> bool:
+    """Whether a kernel over X runs in Triton's interpreter (a tensor not on a GPU): the
+    Hadamard butterfly's interpreted form (`_hadamard_blocks`, BY_SPLIT)."""
+    return X.device.type != "cuda"
 
 
 def _bits(X: torch.Tensor) -> torch.Tensor:
@@ -515,7 +532,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
             _hadamard_amax_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))](
                 _bits(X), bits, R, C, X.stride(0), X.stride(1), X.stride(0), hadamard.signs_tensor(X.device),
                 hadamard.scale, BC=bc, TILE_R=tile_r, TILE_C=tile_c, STAGES=bc.bit_length() - 1,
-                X_BF16=X.dtype == torch.bfloat16, AS_ROWS=as_rows, num_warps=num_warps or 4)
+                X_BF16=X.dtype == torch.bfloat16, AS_ROWS=as_rows, H_SPLIT=_interpreted(X), num_warps=num_warps or 4)
             tensor_amax = bits.view(torch.float32)
         s_dec = torch.empty((), dtype=torch.float32, device=X.device)
     if X.numel() == 0:
@@ -546,7 +563,7 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, BR=br,
         elem_table=code_table(elem, X.device) if values and elem.is_integer else X, VALUES=values,
         MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard is not None else 0,
-        AS_ROWS=as_rows, **format_constants(elem),
+        AS_ROWS=as_rows, H_SPLIT=hadamard is not None and _interpreted(X), **format_constants(elem),
         num_warps=num_warps or (8 if tile_r * tile_c >= 64 * 128 else 4),
     )
 
