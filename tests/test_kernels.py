@@ -8,7 +8,7 @@ import triton.language as tl
 
 import fewerbits as fb
 from fewerbits import kernels
-from fewerbits.kernels.rowblock import _hadamard_blocks
+from fewerbits.kernels.rowblock import _divisor, _hadamard_blocks, _quotient
 from test_quantize import MX, hard_matrix
 
 CASES = [(n, None) for n in fb.SCHEMES] + [(n, r) for n in MX for r in ("rceil", "ceil", "even")]
@@ -495,6 +495,51 @@ def _butterfly(x_ptr, out_ptr, signs_ptr, h_scale, BC: tl.constexpr, STAGES: tl.
     """The kernels' transform of a (4, BC) fp32 matrix's rows, as a (2, 2, BC) tile."""
     i = (tl.arange(0, 2)[:, None, None] * 2 + tl.arange(0, 2)[None, :, None]) * BC + tl.arange(0, BC)[None, None, :]
     tl.store(out_ptr + i, _hadamard_blocks(tl.load(x_ptr + i), signs_ptr, h_scale, 2, 2, BC, STAGES, BY_SPLIT))
+
+
+@triton.jit
+def _divided(x_ptr, s_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < N, other=1.0)
+    p, m, y = _divisor(tl.load(s_ptr + i, mask=i < N, other=1.0))
+    tl.store(out_ptr + i, _quotient(x, p, m, y), mask=i < N)
+
+
+def test_the_kernels_quotient_is_the_correctly_rounded_division():
+    """`_quotient(x, *_divisor(s))`, the kernels' x / s by products and fmas, gives the
+    correctly rounded fp32 quotient (torch's division) wherever it returns the quotient, and
+    elsewhere a value that every element format rounds as the quotient: random pairs over the
+    whole range; dividends whose significands are near 1 and 2 against divisors just above and
+    below theirs; ±0, subnormals, ±inf and NaN. (scripts/verify_quotient.py checks every pair
+    of significands on a GPU.)"""
+    gen = torch.Generator().manual_seed(5)
+    n = 1 << 16
+    x = torch.randint(-2**31, 2**31, (n,), dtype=torch.int32, generator=gen).view(torch.float32)
+    s = ((torch.randint(1, 247, (n,), dtype=torch.int32, generator=gen) << 23)
+         | torch.randint(0, 1 << 23, (n,), dtype=torch.int32, generator=gen)).view(torch.float32)
+    near = torch.cat([torch.arange(0, 64), (1 << 23) - torch.arange(1, 65)]).to(torch.int32)  # significand ends
+    xa, sa = torch.meshgrid(near, near, indexing="ij")
+    x_hard = ((127 << 23) | xa.flatten()).view(torch.float32) * torch.tensor([1.0, -2.0**-40]).repeat(xa.numel() // 2)
+    s_hard = ((120 << 23) | sa.flatten()).view(torch.float32)
+    special = torch.tensor([0.0, -0.0, 1e-45, -3e-39, 1e-30, float("inf"), -float("inf"), float("nan"), 3e38, -448.0])
+    x = torch.cat([x, x_hard, special.repeat(3)]).to(DEVICE)
+    s = torch.cat([s, s_hard, torch.tensor([1.0, 2.0**-126, 2.0**119]).repeat_interleave(len(special))]).to(DEVICE)
+    out = torch.empty_like(x)
+    _divided[(triton.cdiv(len(x), 1024),)](x, s, out, len(x), BLOCK=1024)
+    ref = x / s
+    p = (s.view(torch.int32) & 0x7F800000).view(torch.float32).reciprocal()  # 2^(127 − E), exact
+    a = (x * p).abs()
+    in_range = (a >= 2.0**-64) & (a < 2.0**64)
+    assert in_range.sum() > n // 2 and (~in_range).sum() > 1000  # both sides of the range drawn
+    nan = x.isnan()
+    assert torch.equal(out.isnan(), nan)
+    bits, ref_bits = out.view(torch.int32), ref.view(torch.int32)
+    assert torch.equal(bits[in_range & ~nan], ref_bits[in_range & ~nan])
+    outside = ~in_range & ~nan
+    same_sign = (bits < 0) == (ref_bits < 0)
+    tiny = (out.abs() < 2.0**-60) & (ref.abs() < 2.0**-60)
+    huge = (out.abs() > 2.0**60) & (ref.abs() > 2.0**60)
+    assert (same_sign & (tiny | huge))[outside].all()
 
 
 @pytest.mark.parametrize("size", [16, 32])

@@ -97,6 +97,43 @@ def _hadamard_blocks(x, signs_ptr, h_scale, TILE_R: tl.constexpr, NB: tl.constex
 
 
 @triton.jit
+def _divisor(s):
+    """(p, m, y) for `_quotient`'s division by s, a positive normal fp32 scale (a NaN or inf s
+    gives NaNs, which the caller masks): p = 2^(127 − E), s's binade's reciprocal (exact, by a
+    division, as v22 of docs/kernels-notes.md makes powers of two), m = s · p ∈ [1, 2) its
+    significand (exact), y = fp32(1 / m), correctly rounded."""
+    p = tl.div_rn(1.0, (s.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True))
+    m = s * p
+    return p, m, tl.div_rn(1.0, m)
+
+
+@triton.jit
+def _quotient(x, p, m, y):
+    """fp32(x / s), correctly rounded — tl.div_rn's bits — from `_divisor(s)`, by a product and
+    an fma correction with no branch (div_rn's checks and slow path took the one-read rows a
+    quarter of their time on the H200, docs/kernels-notes.md v30):
+
+    - xs = x · p, so that xs / m = x / s exactly (p is a power of two; xs is exact unless |xs|
+      is under 2^−126, which the last line takes care of);
+    - q = fp32(xs · y), then q + fp32(xs − m·q) · y (one fma inside another): Markstein's
+      correction (P. Markstein, IBM J. Res. Dev. 34(1), 1990; the scheme of a reciprocal known
+      in advance: J.-M. Muller, LIP research report 2002-30).
+    - Where 2^−64 ≤ |xs| < 2^64 every intermediate is a normal number, so multiplying xs by a
+      power of two multiplies every step's result by it: the bits follow from those of xs's
+      significand. scripts/verify_quotient.py checked all 2^46 pairs of significands (xs and m
+      in [1, 2)) on an H200 against div_rn: no pair differs.
+    - Outside that range the quotient is xs itself (|xs/m| is under 2^−64, or 2^63 and over):
+      every element format rounds both to the same code (±0 with x's sign, or saturated), as
+      does stochastic rounding, whose noise cannot lift a value under 2^−24 of the smallest
+      subnormal's ulp. x NaN gives NaN; x ±inf gives ±inf."""
+    xs = x * p
+    q = xs * y
+    q = tl.fma(tl.fma(-m, q, xs), y, q)
+    a = tl.abs(xs)
+    return tl.where((a >= 5.421010862427522e-20) & (a < 1.8446744073709552e19), q, xs)
+
+
+@triton.jit
 def _block_scale(amax, elem_max, rcp_max, tensor_scales_ptr, enc_numerator, s_dec_ptr, RULE: tl.constexpr,
                  KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr, M: tl.constexpr):
     """(scale, factor, code) of blocks with these amaxes under the scale rule RULE: the fp32
@@ -223,7 +260,12 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
 
     # ---- elements --------------------------------------------------------------------------
     f = factor[:, :, None]
-    if RULE == 0:  # an fp32 scale: the correctly rounded quotient
+    if RULE == 0 and TILE_R * NB == 1:  # an fp32 scale, one block a program (the one-read rows):
+        # its one scale's `_divisor`, then the correctly rounded quotients by `_quotient`
+        p, m, y = _divisor(factor)
+        v = _quotient(x, p[:, :, None], m[:, :, None], y[:, :, None])
+    elif RULE == 0:  # the correctly rounded quotient. (`_quotient` made the tiles of several
+        # blocks 5–10% slower on the H200, docs/kernels-notes.md v30)
         v = tl.div_rn(x, f)
     else:  # the product: by NVFP4's enc, or by 2^−k, a power of two's exact reciprocal. (v is
         # added to only through its absolute value, when the values kernel rounds it to
