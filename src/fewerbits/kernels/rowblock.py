@@ -110,8 +110,8 @@ def _divisor(s):
 @triton.jit
 def _quotient(x, p, m, y):
     """fp32(x / s), correctly rounded — tl.div_rn's bits — from `_divisor(s)`, by a product and
-    an fma correction with no branch (div_rn's checks and slow path took the one-read rows a
-    quarter of their time on the H200, docs/kernels-notes.md v30):
+    an fma correction with no branch (div_rn's checks and slow path cost the one-read rows
+    about 40% of their time on the H200, against a bare product; docs/kernels-notes.md v30):
 
     - xs = x · p, so that xs / m = x / s exactly (p is a power of two; xs is exact unless |xs|
       is under 2^−126, which the last line takes care of);
