@@ -31,12 +31,12 @@ from fewerbits.kernels.rowblock import _divisor, _quotient
 
 
 @triton.jit
-def _all_significands(bad_ptr, first_ptr, M_PER: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (i, j): dividends 1 + (j·BLOCK + t)·2^−23, divisors 1 + (i·M_PER + k)·2^−23."""
+def _all_significands(bad_ptr, first_ptr, every, M_PER: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (i, j): dividends 1 + (j·BLOCK + t)·2^−23, divisors 1 + (i·every·M_PER + k)·2^−23."""
     xs = ((127 << 23) | (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK))).to(tl.float32, bitcast=True)
     bad = tl.zeros((BLOCK,), dtype=tl.int32)
     for k in range(M_PER):
-        m = ((127 << 23) | (tl.program_id(0) * M_PER + k)).to(tl.float32, bitcast=True)
+        m = ((127 << 23) | (tl.program_id(0) * every * M_PER + k)).to(tl.float32, bitcast=True)
         p, mm, y = _divisor(m)
         q = _quotient(xs, p, mm, y)
         ref = tl.div_rn(xs, m)
@@ -44,7 +44,7 @@ def _all_significands(bad_ptr, first_ptr, M_PER: tl.constexpr, BLOCK: tl.constex
     n = tl.sum(bad)
     tl.atomic_add(bad_ptr, n)
     if n > 0:
-        tl.atomic_min(first_ptr, tl.program_id(0) * M_PER)
+        tl.atomic_min(first_ptr, tl.program_id(0) * every * M_PER)
 
 
 @triton.jit
@@ -72,11 +72,15 @@ def _random_pairs(x_ptr, s_ptr, out_ptr, N, BLOCK: tl.constexpr):
 
 
 def all_significands(fraction: float = 1.0) -> int:
+    """Part 1, over about this fraction of the divisor significands (runs of 256 spread evenly
+    over [1, 2)); the number of pairs unlike div_rn's."""
     m_per, block = 256, 1024
-    rows = max(1, int((1 << 23) // m_per * fraction))
+    runs = (1 << 23) // m_per
+    every = max(1, round(1 / fraction))
+    rows = runs // every
     bad = torch.zeros(1, dtype=torch.int32, device="cuda")
     first = torch.full((1,), 1 << 30, dtype=torch.int32, device="cuda")
-    _all_significands[(rows, (1 << 23) // block)](bad, first, M_PER=m_per, BLOCK=block, num_warps=4)
+    _all_significands[(rows, (1 << 23) // block)](bad, first, every, M_PER=m_per, BLOCK=block, num_warps=4)
     torch.cuda.synchronize()
     n = int(bad.item())
     print(f"part 1: {rows * m_per:,} divisor significands × {1 << 23:,} dividend significands "
@@ -86,6 +90,7 @@ def all_significands(fraction: float = 1.0) -> int:
 
 
 def random_pairs(batches: int, n: int = 1 << 27) -> int:
+    """Part 2 over batches of n pairs; the number of pairs that differ (either way)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     total = {1: 0, 2: 0}
     for _ in range(batches):

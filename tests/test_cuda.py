@@ -327,3 +327,19 @@ def test_conversion_keeps_what_native_fp8_cannot_take():
     assert [r.got for r in fb.convert(model2, "fp8_tensorwise").layers] == ["fp8_tensorwise"] * 2
     model3 = nn.Sequential(nn.Linear(1024, 1000), nn.Linear(1000, 8)).cuda()
     assert [r.got for r in fb.convert(model3, "mxfp4").layers] == ["mxfp4"] * 2  # emulated: any shape
+
+
+def test_the_kernels_quotient_gives_the_gpus_division_bits():
+    """A slice of scripts/verify_quotient.py (which checks all 2^46 pairs of significands in
+    about a minute): `rowblock._quotient` against the GPU's `tl.div_rn` for 32 runs of 256
+    divisor significands spread over [1, 2), each against every dividend significand, and for
+    2^27 random pairs over the whole range."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "verify_quotient.py"
+    spec = importlib.util.spec_from_file_location("verify_quotient", path)
+    vq = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vq)
+    assert vq.random_pairs(1) == 0
+    assert vq.all_significands(1 / 1024) == 0
