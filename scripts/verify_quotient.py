@@ -3,9 +3,10 @@
     python3 scripts/verify_quotient.py [--random 32] [--fraction 1.0]
 
 `kernels/rowblock.py`'s `_quotient(x, *_divisor(s))` stands for `tl.div_rn(x, s)` (fp32 x / s,
-correctly rounded) in the kernels that scale by an fp32 scale. Where it returns the quotient
-(the scaled dividend xs = x · 2^(127 − E) within [2^−64, 2^64)), every step is exact under a
-power-of-two scaling of xs, so its bits follow from those of its significand. Part 1 checks
+correctly rounded) where a kernel divides by one fp32 scale a program (the one-read rows).
+Where it returns the quotient (the scaled dividend xs = x · 2^(127 − E) within [2^−64, 2^64)),
+every intermediate is a normal number, so scaling xs by a power of two scales every step's
+result by it, and the bits follow from those of xs's significand. Part 1 checks
 all of them: every dividend significand in [1, 2) against every divisor significand in [1, 2),
 2^46 pairs, each quotient against `tl.div_rn`'s. Part 2 draws random fp32 pairs over the whole
 range (dividends of every sign, exponent, subnormal and special; divisors the positive normal

@@ -114,7 +114,7 @@ def _quotient(x, p, m, y):
     about 40% of their time on the H200, against a bare product; docs/kernels-notes.md v30):
 
     - xs = x · p, so that xs / m = x / s exactly (p is a power of two; xs is exact unless |xs|
-      is under 2^−126, which the last line takes care of);
+      is under 2^−126 or past fp32's range, which the last line takes care of);
     - q = fp32(xs · y), then q + fp32(xs − m·q) · y (one fma inside another): Markstein's
       correction (P. Markstein, IBM J. Res. Dev. 34(1), 1990; the scheme of a reciprocal known
       in advance: J.-M. Muller, LIP research report 2002-30).
@@ -265,7 +265,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
         p, m, y = _divisor(factor)
         v = _quotient(x, p[:, :, None], m[:, :, None], y[:, :, None])
     elif RULE == 0:  # the correctly rounded quotient. (`_quotient` made the tiles of several
-        # blocks 5–10% slower on the H200, docs/kernels-notes.md v30)
+        # blocks 6–7% slower on the H200, docs/kernels-notes.md v30)
         v = tl.div_rn(x, f)
     else:  # the product: by NVFP4's enc, or by 2^−k, a power of two's exact reciprocal. (v is
         # added to only through its absolute value, when the values kernel rounds it to
