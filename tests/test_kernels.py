@@ -39,6 +39,19 @@ def test_kernel_equals_reference(name, rule, axis):
     assert same(kernels.quantize(x, scheme, axis=axis), fb.quantize(x, scheme, axis=axis))
 
 
+def test_the_operators_that_read_a_graphs_tensors_take_any_layout():
+    """The operators that read tensors a compiled graph makes carry `flexible_layout`, so that
+    inductor realizes a tensor that two of them read once: under the default constraint (the
+    eager strides, exactly) the H200's compiled SwiGLU stored its output twice, a copy for each
+    call (docs/kernels-notes.md v30); a CPU's graph does not show it. The tiled transpose,
+    which reads only codes an inductor kernel wrote for it, keeps the default."""
+    layout_tags = {torch.Tag.flexible_layout, torch.Tag.needs_exact_strides, torch.Tag.needs_fixed_stride_order}
+    for name in ("rowblock_codes", "rowblock_values", "two_amaxes"):
+        tags = set(getattr(torch.ops.fewerbits, name).default.tags) & layout_tags
+        assert tags == {torch.Tag.flexible_layout}, (name, tags)
+    assert not set(torch.ops.fewerbits.transpose_codes.default.tags) & layout_tags
+
+
 @pytest.mark.parametrize("name, rule", [("fp8_e4m3_1x128", None), ("fp8_e4m3_128x128", None), ("mxfp8_e4m3", None),
                                         ("mxfp4", "rceil")])
 @pytest.mark.parametrize("axis", [-1, 0])

@@ -229,12 +229,19 @@ def codes_in_one_kernel(x: torch.Tensor, scheme, axis: int = -1) -> bool:
 # The operators are defined with torch.library.Library rather than torch.library.custom_op:
 # a compiled step calls the values operator hundreds of times, and custom_op's Python wrapper
 # (autograd and aliasing checks) cost several times the dispatch of a plain registration.
+# The three operators that read a tensor the graph makes take it in any layout (they read any
+# strides): inductor then realizes a tensor that two of them read once, where the default
+# constraint (the eager strides, exactly) made it copy the tensor for each call that got it
+# unrealized or as a view — the H200's compiled SwiGLU wrote its output h twice, once for the
+# down projection's row-wise codes and once for its column-wise codes (docs/kernels-notes.md
+# v29, v30).
+_ANY_LAYOUT = (torch.Tag.flexible_layout,)
 _LIB = torch.library.Library("fewerbits", "DEF")
 _LIB.define("rowblock_values(Tensor X, str scheme, str scale_rule, Tensor? seed, int[] hadamard_signs, "
-            "Tensor? tensor_amax=None, bool columns=False) -> (Tensor, Tensor)")
-_LIB.define("two_amaxes(Tensor X, int[] hadamard_signs) -> Tensor")
+            "Tensor? tensor_amax=None, bool columns=False) -> (Tensor, Tensor)", tags=_ANY_LAYOUT)
+_LIB.define("two_amaxes(Tensor X, int[] hadamard_signs) -> Tensor", tags=_ANY_LAYOUT)
 _LIB.define("rowblock_codes(Tensor X, str scheme, str scale_rule, Tensor? seed, Tensor? block_amaxes=None, "
-            "bool columns=False) -> (Tensor, Tensor)")
+            "bool columns=False) -> (Tensor, Tensor)", tags=_ANY_LAYOUT)
 _LIB.define("transpose_codes(Tensor x) -> Tensor")
 
 
