@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fewerbits.kernels.rowblock import _divisor, _quotient
+from fewerbits.kernels.rowblock import QUOTIENT_HIGH, QUOTIENT_LOW, _divisor, _quotient
 
 
 @triton.jit
@@ -60,7 +60,7 @@ def _random_pairs(x_ptr, s_ptr, out_ptr, N, BLOCK: tl.constexpr):
     v = _quotient(x, p, m, y)
     ref = tl.div_rn(x, s)
     a = tl.abs(x * p)
-    in_range = (a >= 5.421010862427522e-20) & (a < 1.8446744073709552e19)
+    in_range = (a >= QUOTIENT_LOW) & (a < QUOTIENT_HIGH)
     vb = v.to(tl.int32, bitcast=True)
     rb = ref.to(tl.int32, bitcast=True)
     same_sign = (vb < 0) == (rb < 0)

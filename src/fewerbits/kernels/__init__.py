@@ -175,7 +175,9 @@ def _as_stored(x: torch.Tensor, axis: int) -> bool:
     tensor then enters a graph's operators in one layout for both of its copies (rows for one
     GEMM, columns for another). Given the transposed view for the column-wise copy, inductor
     stored a tensor that one of the graph's kernels makes a second time, for that call alone
-    (a SwiGLU's gradient: docs/kernels-notes.md, v29)."""
+    (a SwiGLU's gradient: docs/kernels-notes.md, v29). The operators' `flexible_layout` (v30)
+    does not cover this case: given the transposed view, the CPU's graph still makes the
+    second buffer (tests/test_convert.py's SwiGLU storage test fails)."""
     return x.dim() == 2 and axis == 0
 
 
@@ -278,9 +280,15 @@ def _two_amaxes(X: torch.Tensor, hadamard_signs) -> torch.Tensor:
     return rowblock.two_amaxes(X, _hadamard_with(tuple(hadamard_signs)))
 
 
+def _operand_shape(X, columns: bool) -> tuple[int, int]:
+    """(R, C) of the matrix an operator quantizes: X's, or X.t()'s where it takes X as stored."""
+    R, C = X.shape
+    return (C, R) if columns else (R, C)
+
+
 def _rowblock_values_fake(X, scheme, scale_rule, seed, hadamard_signs, tensor_amax=None, columns=False):
     shape = () if get_scheme(scheme).two_level else (0,)
-    R, C = reversed(X.shape) if columns else X.shape
+    R, C = _operand_shape(X, columns)
     return X.new_empty((R, C), dtype=torch.bfloat16), X.new_empty(shape, dtype=torch.float32)
 
 
@@ -302,7 +310,7 @@ def _rowblock_codes(X: torch.Tensor, scheme: str, scale_rule: str, seed: torch.T
 
 def _rowblock_codes_fake(X, scheme, scale_rule, seed, block_amaxes=None, columns=False):
     s = get_scheme(scheme, scale_rule)
-    (br, bc), (R, C) = s.block, tuple(reversed(X.shape)) if columns else X.shape
+    (br, bc), (R, C) = s.block, _operand_shape(X, columns)
     bc = C if bc == -1 else bc  # one block per row
     codes = X.new_empty((R, (C + 1) // 2 if s.elem.bits == 4 else C), dtype=torch.uint8)
     scale_dtype = torch.uint8 if s.scale_fmt.bits <= 8 else torch.float32

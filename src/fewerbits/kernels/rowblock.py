@@ -96,6 +96,10 @@ def _hadamard_blocks(x, signs_ptr, h_scale, TILE_R: tl.constexpr, NB: tl.constex
     return x * h_scale
 
 
+QUOTIENT_LOW = tl.constexpr(2.0 ** -64)  # `_quotient` returns the quotient for |x · p| in [LOW, HIGH)
+QUOTIENT_HIGH = tl.constexpr(2.0 ** 64)
+
+
 @triton.jit
 def _divisor(s):
     """(p, m, y) for `_quotient`'s division by s, a positive normal fp32 scale (a NaN or inf s
@@ -130,7 +134,7 @@ def _quotient(x, p, m, y):
     q = xs * y
     q = tl.fma(tl.fma(-m, q, xs), y, q)
     a = tl.abs(xs)
-    return tl.where((a >= 5.421010862427522e-20) & (a < 1.8446744073709552e19), q, xs)
+    return tl.where((a >= QUOTIENT_LOW) & (a < QUOTIENT_HIGH), q, xs)
 
 
 @triton.jit
