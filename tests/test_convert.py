@@ -394,6 +394,79 @@ def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatc
     assert same
 
 
+class SharedInput(nn.Module):
+    """Two Linears that read one input, as gate_proj and up_proj do."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(256, 128, bias=False)
+        self.up = nn.Linear(256, 128, bias=False)
+
+    def forward(self, x):
+        return self.gate(x) * self.up(x)
+
+
+def test_compiled_linears_that_read_one_input_share_its_codes(monkeypatch):
+    """Two per-tensor FP8 Linears reading one tensor quantize it the same way; in a compiled
+    graph the common-subexpression pass makes it one cast, so the tensor's codes are made,
+    saved and transposed once for both weight-gradient GEMMs. A NaN constant in the scale
+    (unequal to itself) kept the two casts apart: three transposes here instead of two
+    (the gradients' own two and the input's once), with eager mode's bits either way."""
+    from fewerbits import kernels
+    from fewerbits.kernels import transpose
+
+    calls = []
+    real = transpose.transpose
+
+    def counted(x):
+        calls.append(tuple(x.shape))
+        return real(x)
+
+    monkeypatch.setattr(transpose, "transpose", counted)
+    torch.manual_seed(0)
+    model = SharedInput().to(torch.bfloat16)
+    fb.convert(model, "fp8_tensorwise", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
+    x = torch.randn(64, 256, dtype=torch.bfloat16, requires_grad=True)
+    torch._dynamo.reset()
+    kernels.set_backend("triton")
+    try:
+        eager = model(x)
+        eager.float().square().sum().backward()
+        grads = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+        x.grad = None
+        model.zero_grad(set_to_none=True)
+        calls.clear()
+        out = fb.compile_model(model)(x)
+        out.float().square().sum().backward()
+        compiled_grads = [x.grad] + [p.grad for p in model.parameters()]
+    finally:
+        kernels.set_backend("auto")
+        torch._dynamo.reset()
+    assert sorted(calls) == [(64, 128), (64, 128), (64, 256)], calls
+    assert torch.equal(out, eager) and all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
+
+
+def test_compiled_scales_of_non_finite_amaxes_are_eager_modes_nan():
+    """The scale of a non-finite amax is the NaN 0x7FC00000 in a compiled graph too, where it
+    is made from the scale's bits rather than written as a constant."""
+    from fewerbits import formats, scaling
+
+    amax = torch.tensor([3.0, float("inf"), float("-inf"), float("nan"), 0.0])
+    e4m3 = formats.get_format("fp8_e4m3")
+
+    def scales(a):
+        return scaling.amax_scale(a, e4m3), scaling.pow2_scale(a, e4m3, "floor", formats.get_format("fp32"))
+
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(scales, fullgraph=True)(amax)
+    finally:
+        torch._dynamo.reset()
+    for c, e in zip(compiled, scales(amax)):
+        assert torch.equal(c.view(torch.int32), e.view(torch.int32)), (c, e)
+        assert (c[1:4].view(torch.int32) == 0x7FC00000).all()
+
+
 def test_compile_model_gives_eager_bits_through_inductor():
     """Two FP8 Linears compiled by inductor: the second quantizes the first's bf16 output, which
     inductor would keep in fp32 inside a fused kernel; compile_model makes it round as eager

@@ -63,7 +63,20 @@ def _reciprocal_f32(value: float, like: torch.Tensor) -> torch.Tensor:
     return _one_over(_f32(value, like))
 
 
+_NAN_BITS = 0x7FC00000  # the fp32 NaN torch writes for torch.nan
+
+
 def _nan_where_not_finite(scale: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """scale (fp32) where amax is finite, else NaN (the bits 0x7FC00000 every way).
+
+    In a graph torch.compile traces, the NaN is made from scale's own bits (zeroed, then the
+    NaN's bits set) instead of written as a constant. A NaN constant is unequal to itself, so
+    the graph's common-subexpression pass took two Linears' casts of one tensor (q, k and v's
+    input; gate and up's) for different casts, and the graph made, saved and transposed that
+    tensor's codes once for each Linear (docs/kernels-notes.md, v31)."""
+    if torch.compiler.is_compiling():
+        nan = ((scale.view(torch.int32) & 0) | _NAN_BITS).view(torch.float32)
+        return torch.where(torch.isfinite(amax), scale, nan)
     return torch.where(torch.isfinite(amax), scale, torch.nan)
 
 
