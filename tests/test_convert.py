@@ -233,6 +233,31 @@ def compiled_under_triton(name: str, calls: list, before=None):
     return same, explained
 
 
+def compiled_with_input_grad_under_triton(model: nn.Module, x: torch.Tensor, calls: list) -> bool:
+    """model(x), x needing its gradient, eagerly and through fb.compile_model under the triton
+    backend (the kernels interpreted on a CPU), loss sum(output²): whether the output and every
+    gradient, x's included, are eager mode's bits. `calls` is emptied after the eager run, so it
+    holds what the compiled run recorded."""
+    from fewerbits import kernels
+
+    torch._dynamo.reset()
+    kernels.set_backend("triton")
+    try:
+        eager = model(x)
+        eager.float().square().sum().backward()
+        grads = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+        x.grad = None
+        model.zero_grad(set_to_none=True)
+        calls.clear()
+        out = fb.compile_model(model)(x)
+        out.float().square().sum().backward()
+        compiled_grads = [x.grad] + [p.grad for p in model.parameters()]
+    finally:
+        kernels.set_backend("auto")
+        torch._dynamo.reset()
+    return torch.equal(out, eager) and all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
+
+
 @pytest.mark.parametrize("name", ["mxfp8", "nvfp4_naive"])
 def test_compiled_emulated_gemms_take_their_values_from_the_one_kernel(name, monkeypatch):
     """In a compiled graph an emulated GEMM's operands come from the Triton kernel that makes
@@ -328,7 +353,6 @@ def test_compiled_swiglu_gradients_reach_both_copies_as_one_tensor(monkeypatch):
     down projection's input h; backward: the gate and up projections' gradients) and the
     column-wise calls for the weight-gradient GEMMs read the same three storages, and the
     outputs and gradients are eager mode's bits."""
-    from fewerbits import kernels
     from fewerbits.kernels import rowblock
     from fewerbits.models.llama import SwiGLU
 
@@ -347,27 +371,13 @@ def test_compiled_swiglu_gradients_reach_both_copies_as_one_tensor(monkeypatch):
     model = SwiGLU(32, 256).to(torch.bfloat16)
     fb.convert(model, "fp8_rowwise", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
     x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)  # (so gate and up make dgrad)
-    torch._dynamo.reset()
-    kernels.set_backend("triton")
-    try:
-        eager = model(x)
-        eager.float().square().sum().backward()
-        grads = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
-        x.grad = None
-        model.zero_grad(set_to_none=True)
-        calls.clear()
-        out = fb.compile_model(model)(x)
-        out.float().square().sum().backward()
-        compiled_grads = [x.grad] + [p.grad for p in model.parameters()]
-    finally:
-        kernels.set_backend("auto")
-        torch._dynamo.reset()
+    same = compiled_with_input_grad_under_triton(model, x, calls)
     compiled = calls
     storages = {kind: {X.untyped_storage().data_ptr() for k, X in compiled if k == kind}
                 for kind in ("rows", "columns")}
     assert len(compiled) == 6 and len(storages["rows"]) == 3, [(k, X.shape) for k, X in compiled]
     assert storages["columns"] == storages["rows"]
-    assert torch.equal(out, eager) and all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
+    assert same
 
 
 def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatch):
@@ -410,9 +420,8 @@ def test_compiled_linears_that_read_one_input_share_its_codes(monkeypatch):
     """Two per-tensor FP8 Linears reading one tensor quantize it the same way; in a compiled
     graph the common-subexpression pass makes it one cast, so the tensor's codes are made,
     saved and transposed once for both weight-gradient GEMMs. A NaN constant in the scale
-    (unequal to itself) kept the two casts apart: three transposes here instead of two
-    (the gradients' own two and the input's once), with eager mode's bits either way."""
-    from fewerbits import kernels
+    (unequal to itself) kept the two casts apart: four transposes here instead of three (the
+    two gradients' and the input's once), with eager mode's bits either way."""
     from fewerbits.kernels import transpose
 
     calls = []
@@ -427,23 +436,9 @@ def test_compiled_linears_that_read_one_input_share_its_codes(monkeypatch):
     model = SharedInput().to(torch.bfloat16)
     fb.convert(model, "fp8_tensorwise", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
     x = torch.randn(64, 256, dtype=torch.bfloat16, requires_grad=True)
-    torch._dynamo.reset()
-    kernels.set_backend("triton")
-    try:
-        eager = model(x)
-        eager.float().square().sum().backward()
-        grads = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
-        x.grad = None
-        model.zero_grad(set_to_none=True)
-        calls.clear()
-        out = fb.compile_model(model)(x)
-        out.float().square().sum().backward()
-        compiled_grads = [x.grad] + [p.grad for p in model.parameters()]
-    finally:
-        kernels.set_backend("auto")
-        torch._dynamo.reset()
+    same = compiled_with_input_grad_under_triton(model, x, calls)
     assert sorted(calls) == [(64, 128), (64, 128), (64, 256)], calls
-    assert torch.equal(out, eager) and all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
+    assert same
 
 
 def test_compiled_scales_of_non_finite_amaxes_are_eager_modes_nan():
