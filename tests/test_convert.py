@@ -380,12 +380,9 @@ def test_compiled_swiglu_gradients_reach_both_copies_as_one_tensor(monkeypatch):
     assert same
 
 
-def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatch):
-    """In a compiled graph the column-wise copies of per-tensor FP8 codes (wgrad's input and
-    grad_output) come from the tiled transpose kernel, called as the operator
-    fewerbits::transpose_codes, not from a transposed store inductor fuses into the kernel that
-    makes the codes: forward and backward are eager mode's bits, in one graph (the kernel
-    interpreted on a CPU, under the triton backend)."""
+def counted_transposes(monkeypatch) -> list:
+    """A list that fills with the shape of the codes each call of the tiled transpose kernel
+    gets (the kernel still runs)."""
     from fewerbits.kernels import transpose
 
     calls = []
@@ -396,6 +393,16 @@ def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatc
         return real(x)
 
     monkeypatch.setattr(transpose, "transpose", counted)
+    return calls
+
+
+def test_compiled_fp8_gemms_transpose_their_codes_by_the_tiled_kernel(monkeypatch):
+    """In a compiled graph the column-wise copies of per-tensor FP8 codes (wgrad's input and
+    grad_output) come from the tiled transpose kernel, called as the operator
+    fewerbits::transpose_codes, not from a transposed store inductor fuses into the kernel that
+    makes the codes: forward and backward are eager mode's bits, in one graph (the kernel
+    interpreted on a CPU, under the triton backend)."""
+    calls = counted_transposes(monkeypatch)
     same, explained = compiled_under_triton("fp8_tensorwise", calls)
     # backward: both inputs' codes, and the second Linear's grad_output codes (the first
     # Linear makes no dgrad, x needing no gradient, so its grad_output is cast column-wise)
@@ -422,16 +429,7 @@ def test_compiled_linears_that_read_one_input_share_its_codes(monkeypatch):
     saved and transposed once for both weight-gradient GEMMs. A NaN constant in the scale
     (unequal to itself) kept the two casts apart: four transposes here instead of three (the
     two gradients' and the input's once), with eager mode's bits either way."""
-    from fewerbits.kernels import transpose
-
-    calls = []
-    real = transpose.transpose
-
-    def counted(x):
-        calls.append(tuple(x.shape))
-        return real(x)
-
-    monkeypatch.setattr(transpose, "transpose", counted)
+    calls = counted_transposes(monkeypatch)
     torch.manual_seed(0)
     model = SharedInput().to(torch.bfloat16)
     fb.convert(model, "fp8_tensorwise", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
