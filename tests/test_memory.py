@@ -115,6 +115,26 @@ def test_activations_are_what_autograd_saves(recipe, preset, save_quantized):
         blocks = n_q * per_block + (4 - n_q) * kept
         assert blocks < est.activations < blocks + per_block
 
+@pytest.mark.parametrize("recipe, save_quantized", [("fp8_delayed", False), ("mxfp8 SR inputs", True)])
+def test_inputs_each_linear_quantizes_its_own_way_count_once_a_linear(recipe, save_quantized):
+    """Linears that read one input (q, k and v; gate and up) share what they save of it where
+    they quantize it alike; under delayed scaling (each Linear's own amax) and with stochastic
+    rounding of the saved copy each saves its own: the estimate counts what autograd saves,
+    and more than the shared count (fp8_tensorwise's codes; mxfp8's copies rounded to nearest)."""
+    from dataclasses import replace
+
+    shared = "fp8_tensorwise"
+    if recipe == "mxfp8 SR inputs":
+        shared = fb.get_recipe("mxfp8")
+        recipe = replace(shared, name="mxfp8_sr_inputs",
+                         wgrad=replace(shared.wgrad, b=replace(shared.wgrad.b, rounding="stochastic")))
+    cfg = get_preset("tiny", 512)
+    est = fb.estimate_memory(cfg, recipe, batch_size=2, seq_len=64, save_quantized_input=save_quantized)
+    assert est.activations == saved_bytes(trainer_model(recipe, save_quantized_input=save_quantized))
+    assert est.activations > fb.estimate_memory(cfg, shared, batch_size=2, seq_len=64,
+                                                save_quantized_input=save_quantized).activations
+
+
 def test_nvfp4_weight_values_count_only_where_kept():
     """NVFP4's Linears keep their 16x16-block weights' bf16 values (and tensor scales) from the
     forward to the backward unless asked to quantize the weights again: with

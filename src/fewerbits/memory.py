@@ -382,6 +382,23 @@ def _saved_input(recipe: Recipe, rows: int, cols: int, save_quantized: bool) -> 
     return {"compute": c * rows * cols}
 
 
+def _each_reader_saves_its_own(recipe: Recipe, rows: int, save_quantized: bool) -> bool:
+    """Whether every Linear that reads one input (q, k and v; gate and up) saves its own copy of
+    it: where what it saves is a quantization of the input (its forward codes, or the column-
+    wise copy of `save_quantized`) made with the Linear's own amax (delayed scaling) or by
+    stochastic rounding. Otherwise one copy serves them all: eagerly `linear.SHARED_OPERANDS`
+    makes it once, and a compiled graph's common-subexpression pass merges the casts."""
+    if not recipe.quantized or recipe.wgrad.b.scheme is None:
+        return False
+    if not save_quantized and _saves_two_amaxes(recipe, rows):
+        return False
+    if _saves_codes(recipe):  # (codes that transpose are rounded to nearest)
+        return recipe.delayed is not None
+    if save_quantized:
+        return recipe.delayed is not None or recipe.wgrad.b.rounding != "nearest"
+    return False
+
+
 def _block_activations(cfg: ModelConfig, recipe: Recipe, T: int, tp: int,
                        save_quantized: bool = False, recompute_weights: bool = False) -> dict[str, int]:
     """Bytes one block saves for backward, by dtype ("compute", "float32", "int64", "uint8", and
@@ -392,21 +409,23 @@ def _block_activations(cfg: ModelConfig, recipe: Recipe, T: int, tp: int,
     out["float32"] += 2 * (8 * T * d + 4 * T)  # the two RMSNorms
     out["float32"] += 4 * T * H // tp  # attention's log-sum-exp
     out["compute"] += 4 * c * T * d // tp  # q, k, v after rotary and head repetition, the attention output
-    # the Linears' inputs: q/k/v's (one, replicated over TP), o_proj's, gate/up's (one), down_proj's
-    inputs = [(T, d), (T, d // tp)]
+    # the Linears' inputs, with how many Linears read each: q/k/v's (one, replicated over TP),
+    # o_proj's, gate/up's (one), down_proj's
+    inputs = [(T, d, 3), (T, d // tp, 1)]
     if cfg.n_experts:
         k, E = cfg.top_k, cfg.n_experts
         routed = k * T  # token slots, spread evenly over the experts
         out["compute"] += c * T * d + routed * (3 * c * f + c * d) // tp  # input; per slot: SwiGLU, output · weight
-        inputs += [(routed, d // tp), (routed, f // tp)]  # gathered input, down input (over all experts)
+        inputs += [(routed, d // tp, 2), (routed, f // tp, 1)]  # gathered input, down input (over all experts)
         out["float32"] += 4 * T * E + 4 * T * k  # router probabilities, top-k weights
         out["int64"] += 8 * T * k + 16 * routed // tp  # top-k indices, each expert's token and slot indices
     else:
         out["compute"] += 3 * c * T * f // tp  # gate output, silu output, up output
-        inputs += [(T, d), (T, f // tp)]
-    for rows, cols in inputs:
+        inputs += [(T, d, 2), (T, f // tp, 1)]
+    for rows, cols, readers in inputs:
+        copies = readers if _each_reader_saves_its_own(recipe, rows, save_quantized) else 1
         for kind, b in _saved_input(recipe, rows, cols, save_quantized).items():
-            out[kind] += b
+            out[kind] += copies * b
     if _saves_weight_values(recipe) and not recompute_weights:  # each Linear's weight values, tensor scale
         attn = 2 * d * cfg.head_dim * (H + cfg.n_kv_heads) // tp  # q, k, v, o
         mlp = 3 * d * f // tp * (cfg.n_experts or 1)  # gate, up, down (of every expert)
