@@ -186,76 +186,61 @@ def two_linears(recipe: str, device: str = "cpu") -> nn.Module:
     return model
 
 
-def eager_then_compiled(model: nn.Module, x: torch.Tensor):
-    """(eager output, its parameter gradients, compiled output, its gradients) for the loss
-    sum(output²), eagerly and then through fb.compile_model."""
+def eager_then_compiled(model: nn.Module, x: torch.Tensor, before=None, between=None):
+    """(eager output, its gradients, compiled output, its gradients) for the loss sum(output²),
+    eagerly and then through fb.compile_model; the gradients are x's (where x needs one), then
+    the parameters'. before(model) runs before each forward, between() after the eager run."""
+    before = before or (lambda m: None)
+    before(model)
     eager = model(x)
     eager.float().square().sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
+    grads = ([x.grad.clone()] if x.requires_grad else []) + [p.grad.clone() for p in model.parameters()]
+    x.grad = None
     model.zero_grad(set_to_none=True)
+    if between is not None:
+        between()
+    before(model)
     out = fb.compile_model(model)(x)
     out.float().square().sum().backward()
-    return eager, grads, out, [p.grad for p in model.parameters()]
+    return eager, grads, out, ([x.grad] if x.requires_grad else []) + [p.grad for p in model.parameters()]
+
+
+def compiled_against_eager_under_triton(model: nn.Module, x: torch.Tensor, calls: list, before=None) -> bool:
+    """`eager_then_compiled` under the triton backend (the kernels interpreted on a CPU): whether
+    the outputs and every gradient are eager mode's bits. `calls` is emptied after the eager
+    run, so it holds what the compiled run recorded."""
+    from fewerbits import kernels
+
+    torch._dynamo.reset()
+    kernels.set_backend("triton")
+    try:
+        eager, grads, out, compiled_grads = eager_then_compiled(model, x, before, calls.clear)
+    finally:
+        kernels.set_backend("auto")
+        torch._dynamo.reset()
+    return torch.equal(out, eager) and all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
 
 
 def compiled_under_triton(name: str, calls: list, before=None):
     """Two Linears converted to `name`, run eagerly and compiled under the triton backend (the
     kernels interpreted on a CPU), loss sum(output²): (whether outputs and every gradient are
-    eager mode's bits, dynamo's explanation of the compiled model). `calls` is emptied after
-    the eager run, so it holds what the compiled run recorded. before(model) runs before each
-    forward."""
+    eager mode's bits, dynamo's explanation of the compiled model). `calls` holds what the
+    compiled run recorded. before(model) runs before each forward."""
     from fewerbits import kernels
 
-    torch._dynamo.reset()
+    model, x = two_linears(name), torch.randn(64, 512, dtype=torch.bfloat16)
+    same = compiled_against_eager_under_triton(model, x, calls, before)
+    recorded = list(calls)
     kernels.set_backend("triton")
     try:
-        model = two_linears(name)
-        before = before or (lambda m: None)
-        x = torch.randn(64, 512, dtype=torch.bfloat16)
-        before(model)
-        eager = model(x)
-        eager.float().square().sum().backward()
-        grads = [p.grad.clone() for p in model.parameters()]
-        model.zero_grad(set_to_none=True)
-        calls.clear()
-        before(model)
-        out = fb.compile_model(model)(x)
-        out.float().square().sum().backward()
-        recorded = list(calls)
-        torch._dynamo.reset()
-        before(model)
+        if before is not None:
+            before(model)
         explained = torch._dynamo.explain(model)(x)
     finally:
         kernels.set_backend("auto")
         torch._dynamo.reset()
     calls[:] = recorded
-    same = torch.equal(out, eager) and all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
     return same, explained
-
-
-def compiled_with_input_grad_under_triton(model: nn.Module, x: torch.Tensor, calls: list) -> bool:
-    """model(x), x needing its gradient, eagerly and through fb.compile_model under the triton
-    backend (the kernels interpreted on a CPU), loss sum(output²): whether the output and every
-    gradient, x's included, are eager mode's bits. `calls` is emptied after the eager run, so it
-    holds what the compiled run recorded."""
-    from fewerbits import kernels
-
-    torch._dynamo.reset()
-    kernels.set_backend("triton")
-    try:
-        eager = model(x)
-        eager.float().square().sum().backward()
-        grads = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
-        x.grad = None
-        model.zero_grad(set_to_none=True)
-        calls.clear()
-        out = fb.compile_model(model)(x)
-        out.float().square().sum().backward()
-        compiled_grads = [x.grad] + [p.grad for p in model.parameters()]
-    finally:
-        kernels.set_backend("auto")
-        torch._dynamo.reset()
-    return torch.equal(out, eager) and all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
 
 
 @pytest.mark.parametrize("name", ["mxfp8", "nvfp4_naive"])
@@ -371,7 +356,7 @@ def test_compiled_swiglu_gradients_reach_both_copies_as_one_tensor(monkeypatch):
     model = SwiGLU(32, 256).to(torch.bfloat16)
     fb.convert(model, "fp8_rowwise", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
     x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)  # (so gate and up make dgrad)
-    same = compiled_with_input_grad_under_triton(model, x, calls)
+    same = compiled_against_eager_under_triton(model, x, calls)
     compiled = calls
     storages = {kind: {X.untyped_storage().data_ptr() for k, X in compiled if k == kind}
                 for kind in ("rows", "columns")}
@@ -434,7 +419,7 @@ def test_compiled_linears_that_read_one_input_share_its_codes(monkeypatch):
     model = SharedInput().to(torch.bfloat16)
     fb.convert(model, "fp8_tensorwise", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
     x = torch.randn(64, 256, dtype=torch.bfloat16, requires_grad=True)
-    same = compiled_with_input_grad_under_triton(model, x, calls)
+    same = compiled_against_eager_under_triton(model, x, calls)
     assert sorted(calls) == [(64, 128), (64, 128), (64, 256)], calls
     assert same
 

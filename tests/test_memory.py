@@ -115,6 +115,7 @@ def test_activations_are_what_autograd_saves(recipe, preset, save_quantized):
         blocks = n_q * per_block + (4 - n_q) * kept
         assert blocks < est.activations < blocks + per_block
 
+
 @pytest.mark.parametrize("recipe, save_quantized", [("fp8_delayed", False), ("mxfp8 SR inputs", True)])
 def test_inputs_each_linear_quantizes_its_own_way_count_once_a_linear(recipe, save_quantized):
     """Linears that read one input (q, k and v; gate and up) share what they save of it where
