@@ -268,6 +268,11 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
         # its one scale's `_divisor`, then the correctly rounded quotients by `_quotient`
         p, m, y = _divisor(factor)
         v = _quotient(x, p[:, :, None], m[:, :, None], y[:, :, None])
+    elif RULE == 0 and BR == TILE_R and NB == 1:  # one square block a program (128x128): its scale,
+        # equal in every row of `factor`, taken as one number first (a NaN scale's quotients
+        # are replaced below), so that `_divisor` runs once and not in each thread per row
+        p, m, y = _divisor(tl.max(tl.max(factor, axis=1), axis=0))
+        v = _quotient(x, p, m, y)
     elif RULE == 0:  # the correctly rounded quotient. (`_quotient` made the tiles of several
         # blocks 6–7% slower on the H200, docs/kernels-notes.md v30)
         v = tl.div_rn(x, f)
