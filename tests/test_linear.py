@@ -311,6 +311,30 @@ def test_delayed_scaling_uses_past_amaxes():
     assert out.shape == (4, 32)
 
 
+def test_delayed_scaling_records_the_amax_of_the_whole_tensor_eager_and_compiled():
+    """The recorded amax is max |t| over the whole tensor, taken through its rows' maxima: equal
+    to `t.abs().max()` where finite, inf for ±inf, NaN for any NaN, eagerly and under inductor."""
+    from fewerbits.quantize import tensor_amax_of as _amax
+
+    torch.manual_seed(0)
+    base = torch.randn(37, 129) * 3
+    cases = [base, base.bfloat16(), base.reshape(3, 37, 43), base[0], torch.zeros(5, 7)]
+    for k, bad in enumerate([float("inf"), float("-inf"), float("nan")]):
+        t = base.clone()
+        t[k * 11 + 2, 100] = bad
+        cases.append(t)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(_amax, fullgraph=True, dynamic=False)
+        for t in cases:
+            expected = t.float().abs().max()
+            for got in (_amax(t), compiled(t)):
+                assert got.dim() == 0 and got.dtype == t.dtype
+                assert torch.equal(got.float(), expected) or (got.isnan() and expected.isnan()), (t.shape, got, expected)
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("name", ["fp8_blockwise", "mxfp4", "nvfp4"])
 def test_saving_the_quantized_input(name):
     torch.manual_seed(0)

@@ -61,7 +61,7 @@ import torch.nn as nn
 
 from . import kernels
 from .gemm import emulated_in_bf16, full_fp32, mm_fp32_out, scaled_matmul, values_matmul
-from .quantize import QuantizedTensor, quantize, requantize
+from .quantize import QuantizedTensor, quantize, requantize, tensor_amax_of
 from .recipes import DelayedScaling, Gemm, Operand, Recipe, get_recipe
 from .schemes import get_scheme
 
@@ -97,7 +97,7 @@ class DelayedScalingState(nn.Module):
         r = ROLES.index(role)
         history = self.amax_history[r]
         if amax is None:
-            amax = torch.linalg.vector_norm(t, ord=float("inf"))  # max |t|, NaN propagating, one pass
+            amax = tensor_amax_of(t)  # written as the quantizer's, so a compiled graph merges the two
         history[0] = amax.float()
         new = history.max() if self.config.amax_compute == "max" else history[0].clone()
         # keep the previous amax when the new one is 0 or not finite, as TE keeps its scale

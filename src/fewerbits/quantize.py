@@ -324,10 +324,22 @@ def _block_amaxes(x: torch.Tensor, X: torch.Tensor, br: int, bc: int, axis: int)
     rows, cols = X.shape
     if X.numel() and x.dim() and bc == cols:
         if br == rows:
-            return x.abs().amax().float().reshape(1, 1)
+            return tensor_amax_of(x).float().reshape(1, 1)
         if br == 1:
             return x.abs().amax(dim=axis).float().reshape(rows, 1)
     return block_amax(_blocked(X, br, bc))
+
+
+def tensor_amax_of(x: torch.Tensor) -> torch.Tensor:
+    """max |x| in x's dtype, NaN propagating; for two or more dimensions, taken as the rows'
+    maxima, then their maximum (the same number). Compiled, inductor runs a row reduction
+    as one kernel that can also make what is computed from each row (a cast with a known scale),
+    where a reduction over the whole tensor runs as passes of its own; and delayed scaling's
+    amax of a tensor (linear.py), written alike, is merged with its quantizer's into one
+    (docs/kernels-notes.md v33)."""
+    if x.dim() >= 2:
+        return torch.linalg.vector_norm(x, ord=float("inf"), dim=-1).amax()
+    return torch.linalg.vector_norm(x, ord=float("inf"))
 
 
 def fake_quantize(x: torch.Tensor, scheme: str | Scheme, *, dtype=torch.float32, **kwargs):
