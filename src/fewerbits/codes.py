@@ -74,17 +74,21 @@ def pack(codes: torch.Tensor, fmt: int | str | FloatFormat) -> torch.Tensor:
     """Pack uint8 codes along the last dimension (format or bit width: 4, 6 or 8)."""
     bits = _bits_of(fmt)
     per, nbytes = _group(bits)
+    c = codes.to(torch.uint8)
     if per == 1:
-        return codes.to(torch.uint8)
-    n = codes.shape[-1]
-    pad = -n % per
-    c = torch.nn.functional.pad(codes.to(torch.int32), (0, pad))
+        return c
+    pad = -c.shape[-1] % per
+    if pad:
+        c = torch.nn.functional.pad(c, (0, pad))
     c = c.reshape(*c.shape[:-1], c.shape[-1] // per, per)  # (..., groups, codes per group)
-    shifts = torch.arange(per, device=c.device, dtype=torch.int32) * bits
-    word = (c << shifts).sum(-1)  # the fields do not overlap, so the sum is an OR
-    byte_shifts = torch.arange(nbytes, device=c.device, dtype=torch.int32) * 8
-    out = (word.unsqueeze(-1) >> byte_shifts) & 0xFF  # (..., groups, bytes per group)
-    return out.reshape(*codes.shape[:-1], out.shape[-2] * nbytes).to(torch.uint8)
+    # byte arithmetic on the one-byte codes (a shift left drops what leaves the byte, as the
+    # word's `& 0xFF` does): a few passes of one byte an element, no 32-bit word
+    if bits == 4:
+        out = c[..., 0] | (c[..., 1] << 4)
+    else:  # 6 bits: the word's three bytes
+        c0, c1, c2, c3 = c.unbind(-1)
+        out = torch.stack((c0 | (c1 << 6), (c1 >> 2) | (c2 << 4), (c2 >> 4) | (c3 << 2)), dim=-1)
+    return out.reshape(*codes.shape[:-1], c.shape[-2] * nbytes)
 
 
 def unpack(packed: torch.Tensor, fmt: int | str | FloatFormat, n: int) -> torch.Tensor:
@@ -98,9 +102,10 @@ def unpack(packed: torch.Tensor, fmt: int | str | FloatFormat, n: int) -> torch.
             f"{packed.shape[-1]} packed bytes do not hold {n} codes of {bits} bits "
             f"(expected {packed_size(n, bits)} bytes)"
         )
-    b = packed.to(torch.int32).reshape(*packed.shape[:-1], packed.shape[-1] // nbytes, nbytes)
-    byte_shifts = torch.arange(nbytes, device=b.device, dtype=torch.int32) * 8
-    word = (b << byte_shifts).sum(-1, keepdim=True)
-    shifts = torch.arange(per, device=b.device, dtype=torch.int32) * bits
-    c = (word >> shifts) & ((1 << bits) - 1)
-    return c.reshape(*packed.shape[:-1], c.shape[-2] * per)[..., :n].to(torch.uint8)
+    b = packed.to(torch.uint8)
+    if bits == 4:
+        c = torch.stack((b & 0x0F, b >> 4), dim=-1)
+    else:  # 6 bits: four codes from each three bytes
+        b0, b1, b2 = b.reshape(*b.shape[:-1], b.shape[-1] // nbytes, nbytes).unbind(-1)
+        c = torch.stack((b0 & 0x3F, (b0 >> 6) | ((b1 & 0x0F) << 2), (b1 >> 4) | ((b2 & 0x03) << 4), b2 >> 2), dim=-1)
+    return c.reshape(*packed.shape[:-1], c.shape[-2] * per)[..., :n]
