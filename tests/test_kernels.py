@@ -104,6 +104,26 @@ def test_kernel_equals_reference_for_user_schemes(scheme):
     assert same(kernels.quantize(x, scheme), fb.quantize(x, scheme))
 
 
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_fp6_codes_of_the_kernels_are_packed_as_the_reference_packs_them(axis):
+    """kernels.quantize's 6-bit codes are four in three bytes (codes.pack's layout), with a last
+    group that the columns do not fill (70 and 37 columns), after the one-read kernel (MXFP6)
+    and after the element kernel (fp6 in 1x8 and 4x4 blocks); NaN, inf and zero blocks among
+    them."""
+    from fewerbits.codes import packed_size
+    from fewerbits.kernels import rowblock
+
+    x = torch.from_numpy(hard_matrix(37, 70, seed=9, specials=True)).to(DEVICE)
+    one_read = [fb.get_scheme("mxfp6_e3m2"), fb.get_scheme("mxfp6_e2m3")]
+    element = [fb.Scheme("fp6_e2m3", (1, 8), "e8m0", "floor"), fb.Scheme("fp6_e3m2", (4, 4), "fp32")]
+    for scheme in one_read + element:
+        assert rowblock.supported(scheme) == (scheme in one_read) and not rowblock.amax_supported(scheme)
+        a, b = kernels.quantize(x, scheme, axis=axis), fb.quantize(x, scheme, axis=axis)
+        cols = x.shape[1] if axis == -1 else x.shape[0]
+        assert a.data.dtype == torch.uint8 and a.data.shape[-1] == packed_size(cols, 6), scheme.describe()
+        assert same(a, b), scheme.describe()
+
+
 @pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "fp8_e5m2_tensor", "mxfp6_e3m2"])
 def test_stochastic_rounding_uses_the_same_noise(name):
     x = torch.randn(33, 70, device=DEVICE) * 3
@@ -403,7 +423,7 @@ def test_values_without_codes_equal_dequantized_codes(name, rounding):
             assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)
 
 
-@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4", "nvfp4", "fp8_e4m3_1x128"])
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4", "nvfp4", "fp8_e4m3_1x128", "mxfp6_e3m2"])
 def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeypatch):
     """A column read (a transposed view: the weight-gradient operands) gives the reference's
     values, and its codes and scales, whether the kernel lays the tile out in the memory's order
