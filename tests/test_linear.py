@@ -313,8 +313,12 @@ def test_delayed_scaling_uses_past_amaxes():
 
 def test_delayed_scaling_records_the_amax_of_the_whole_tensor_eager_and_compiled():
     """The recorded amax is max |t| over the whole tensor, taken through its rows' maxima: equal
-    to `t.abs().max()` where finite, inf for ±inf, NaN for any NaN, eagerly and under inductor."""
+    to `t.abs().max()` where finite, inf for ±inf, NaN for any NaN, eagerly and under inductor;
+    and it is what `DelayedScalingState.record` puts into the history."""
+    from fewerbits.linear import DelayedScalingState
     from fewerbits.quantize import tensor_amax_of as _amax
+
+    recipe = fb.get_recipe("fp8_delayed")
 
     torch.manual_seed(0)
     base = torch.randn(37, 129) * 3
@@ -328,8 +332,11 @@ def test_delayed_scaling_records_the_amax_of_the_whole_tensor_eager_and_compiled
         compiled = torch.compile(_amax, fullgraph=True, dynamic=False)
         for t in cases:
             expected = t.float().abs().max()
-            for got in (_amax(t), compiled(t)):
-                assert got.dim() == 0 and got.dtype == t.dtype
+            state = DelayedScalingState(recipe.delayed, recipe)
+            state.record("input", t)
+            recorded = state.amax_history[0, -1]  # the newest entry, after the window moved on
+            for got, dtype in ((_amax(t), t.dtype), (compiled(t), t.dtype), (recorded, torch.float32)):
+                assert got.dim() == 0 and got.dtype == dtype
                 assert torch.equal(got.float(), expected) or (got.isnan() and expected.isnan()), (t.shape, got, expected)
     finally:
         torch._dynamo.reset()
