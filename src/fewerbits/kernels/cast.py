@@ -16,10 +16,15 @@ arithmetic in the same order — the binade from the exponent field, the units a
 int32 draw, passed in (kernels/rowblock.py computes it from the reference's seed instead,
 `_seed_noise`). Scales and amaxes are computed by the reference code before the kernel.
 `_round_values` (the values kernel's elements, no codes) rounds to nearest another way to the
-same values: one fp32 addition of a power of two whose spacing is the quantum.
+same values: one fp32 addition of a power of two whose spacing is the quantum. FP8 codes
+rounded to nearest on a GPU that converts fp32 to FP8 itself (NVIDIA from sm_89) come from that
+conversion, clamped so that it saturates (`_native_fp8_codes`): the same codes in a few
+instructions (tests/test_kernels.py checks them against the reference on the GPU).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -55,11 +60,16 @@ def _round_units(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constex
 @triton.jit
 def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                  EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
-                 NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, STOCHASTIC: tl.constexpr):
+                 NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, STOCHASTIC: tl.constexpr,
+                 NATIVE_MAX: tl.constexpr = 0.0):
     """The element codes of a tile of scaled values (as int32: sign bit, exponent field,
-    mantissa; two's complement for integers). A floating-point format with subnormals, rounded
-    to nearest, takes the values path's one addition (`_nearest_magnitude`) and the code from
-    the rounded value's fp32 bits (`_nearest_codes`)."""
+    mantissa; two's complement for integers). FP8 rounded to nearest on a GPU that converts to
+    it (NATIVE_MAX, the format's max, from `format_constants`) takes the GPU's conversion
+    (`_native_fp8_codes`); another floating-point format with subnormals, rounded to nearest,
+    takes the values path's one addition (`_nearest_magnitude`) and the code from the rounded
+    value's fp32 bits (`_nearest_codes`)."""
+    if NATIVE_MAX > 0 and not STOCHASTIC:
+        return _native_fp8_codes(v, E, M, HAS_NAN, NAN_CODE, NATIVE_MAX)
     if not STOCHASTIC and not IS_INT and EMIN == 1 - BIAS:
         return _nearest_codes(v, E, M, BIAS, EMIN, EMAX, MAX_CODE, HAS_NAN, NAN_CODE)
     neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
@@ -109,6 +119,27 @@ def _nearest_codes(v, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN
     code = tl.minimum(code, MAX_CODE) | (neg.to(tl.int32) << (E + M))
     if HAS_NAN:
         code = tl.where(nan, NAN_CODE | (neg.to(tl.int32) << (E + M)), code)
+    return code
+
+
+@triton.jit
+def _native_fp8_codes(v, E: tl.constexpr, M: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr,
+                      MAX_VALUE: tl.constexpr):
+    """`_round_codes` rounding to nearest for FP8 E4M3 (E = 4) or E5M2 by the GPU's conversion
+    from fp32 (on sm_89 and later one `cvt.rn.satfinite` instruction for two elements, where
+    `_nearest_codes` takes about twenty): round half to even with subnormals, as the reference
+    rounds; the clamp to ±max first makes it saturate whatever the conversion does past max
+    (±inf included), and NaN, whose sign the conversion drops, gets the reference's code, its
+    sign bit kept. ±0 and values that round to zero keep their sign, as the reference's codes."""
+    c = tl.minimum(tl.maximum(v, -MAX_VALUE), MAX_VALUE)
+    if E == 4:
+        code = c.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    else:
+        code = c.to(tl.float8e5, fp_downcast_rounding="rtne")
+    code = code.to(tl.uint8, bitcast=True).to(tl.int32)
+    if HAS_NAN:
+        sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32) << (E + M)
+        code = tl.where(v != v, NAN_CODE | sign, code)
     return code
 
 
@@ -181,10 +212,11 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, sor,
                   TILE_R: tl.constexpr, TILE_C: tl.constexpr, STOCHASTIC: tl.constexpr, PACK: tl.constexpr,
                   E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
-                  NAN_CODE: tl.constexpr, IS_INT: tl.constexpr):
+                  NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr = 0.0):
     """Round a tile of scaled values to codes (with this noise where STOCHASTIC) and store them
     (fp4: two a byte)."""
-    code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
+    code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
+                        NATIVE_MAX)
     if PACK == 2:  # two codes a byte, the first in the low nibble; padding columns are code 0
         lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
         pairs = tl.program_id(1) * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
@@ -194,11 +226,31 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, sor,
         tl.store(out_ptr + rows[:, None] * sor + cols[None, :], code.to(tl.uint8), mask=inside)
 
 
-def format_constants(fmt: FloatFormat) -> dict:
-    """The element format as the kernels' compile-time constants."""
+NATIVE_FP8 = ("fp8_e4m3", "fp8_e5m2")  #: formats a GPU from sm_89 on converts fp32 to in one instruction
+
+
+@functools.cache
+def _converts_fp8(device: torch.device) -> bool:
+    """Whether the kernels compiled for this device convert fp32 to FP8 natively: an NVIDIA GPU
+    of compute capability 8.9 or later (Ada, Hopper, Blackwell). Not Triton's interpreter,
+    whose conversion is emulated, nor ROCm's FP8 (other formats of the same names)."""
+    return (device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) >= (8, 9))
+
+
+def native_fp8(fmt: FloatFormat, device: torch.device | None) -> bool:
+    """Whether the kernels round to this format's codes by the GPU's conversion
+    (`_native_fp8_codes`, the reference's bits) on this device."""
+    return device is not None and fmt.name in NATIVE_FP8 and _converts_fp8(torch.device(device))
+
+
+def format_constants(fmt: FloatFormat, device: torch.device | None = None) -> dict:
+    """The element format as the kernels' compile-time constants; with the device the kernel
+    runs on, NATIVE_MAX: the format's max where `native_fp8` holds, else 0."""
     return dict(E=fmt.exp_bits, M=fmt.man_bits, BIAS=fmt.bias, EMIN=fmt.emin, EMAX=fmt.emax,
                 MAX_CODE=fmt.max_code, BITS=fmt.bits, HAS_NAN=fmt.has_nan,
-                NAN_CODE=fmt.nan_code or 0, IS_INT=fmt.is_integer)
+                NAN_CODE=fmt.nan_code or 0, IS_INT=fmt.is_integer,
+                NATIVE_MAX=float(fmt.max) if native_fp8(fmt, device) else 0.0)
 
 
 @triton.jit
@@ -206,7 +258,8 @@ def _cast_kernel(x_ptr, f_ptr, noise_ptr, out_ptr, R, C, sxr, sxc, sfr, sfc, snr
                  TILE_R: tl.constexpr, TILE_C: tl.constexpr, MULTIPLY: tl.constexpr,
                  STOCHASTIC: tl.constexpr, PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
                  BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
-                 BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr):
+                 BITS: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
+                 NATIVE_MAX: tl.constexpr):
     rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
     cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
     inside = (rows < R)[:, None] & (cols < C)[None, :]
@@ -219,7 +272,7 @@ def _cast_kernel(x_ptr, f_ptr, noise_ptr, out_ptr, R, C, sxr, sxc, sfr, sfc, snr
     v = tl.where(tl.abs(f) < float("inf"), v, 0.0)  # a NaN scale: the block keeps zero codes
     noise = _load_noise(noise_ptr, rows, cols, inside, snr, snc, STOCHASTIC)
     _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, sor, TILE_R, TILE_C,
-                  STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
+                  STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, NATIVE_MAX)
 
 
 def cast_codes(X: torch.Tensor, factor: torch.Tensor, br: int, bc: int, fmt: FloatFormat, *,
@@ -238,6 +291,6 @@ def cast_codes(X: torch.Tensor, factor: torch.Tensor, br: int, bc: int, fmt: Flo
         X, factor, n, out, R, C, X.stride(0), X.stride(1), factor.stride(0), factor.stride(1),
         n.stride(0), n.stride(1), out.stride(0), br, bc,
         TILE_R=tile_r, TILE_C=tile_c, MULTIPLY=multiply, STOCHASTIC=noise is not None,
-        PACK=2 if pack else 1, **format_constants(fmt),
+        PACK=2 if pack else 1, **format_constants(fmt, X.device),
     )
     return out

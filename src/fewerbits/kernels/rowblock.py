@@ -213,7 +213,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
                      SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
                      X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr,
                      MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr,
-                     H_SPLIT: tl.constexpr = False):
+                     NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False):
     NB: tl.constexpr = TILE_C // BC
     # the tile as (TILE_R, NB, BC): rows, blocks, a block's columns; a block's amax and its
     # factor broadcast back along the last axis, with no reshape between (a reshape can make
@@ -303,7 +303,8 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
         if STOCHASTIC:
             noise = _seed_noise(seed_ptr, rows[:, None], cols[None, :], C)
         _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, sor, TILE_R, TILE_C,
-                      STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT)
+                      STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT,
+                      NATIVE_MAX)
 
 
 @triton.jit(do_not_specialize=["row_stride"])
@@ -614,7 +615,7 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, BR=br,
         elem_table=code_table(elem, X.device) if values and elem.is_integer else X, VALUES=values,
         MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard is not None else 0,
-        AS_ROWS=as_rows, H_SPLIT=hadamard is not None and _interpreted(X), **format_constants(elem),
+        AS_ROWS=as_rows, H_SPLIT=hadamard is not None and _interpreted(X), **format_constants(elem, X.device),
         num_warps=num_warps or (8 if tile_r * tile_c >= 64 * 128 else 4),
     )
 
@@ -630,7 +631,8 @@ def _column_codes_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, amax_ptr, R, C, sx
                          KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr, STOCHASTIC: tl.constexpr, E: tl.constexpr,
                          M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                          MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
-                         NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, X_BF16: tl.constexpr):
+                         NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, X_BF16: tl.constexpr,
+                         NATIVE_MAX: tl.constexpr):
     """One-byte codes of an (R, C) matrix whose rows are contiguous (element (r, c) at
     r + c · sxc), one scale per row from its amax at amax_ptr[r]: a program loads a tile as
     memory holds it, (TILE_C, TILE_R), computes its codes in that layout — `_rowblock_kernel`'s
@@ -655,7 +657,8 @@ def _column_codes_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, amax_ptr, R, C, sx
     noise = 0
     if STOCHASTIC:
         noise = _seed_noise(seed_ptr, r[None, :], c[:, None], C)
-    code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC)
+    code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
+                        NATIVE_MAX)
     # transposed as int32, then narrowed: 9% faster on the H200 than narrowing first (one
     # layer's operands, docs/kernels-notes.md v27)
     tl.store(out_ptr + r[:, None] * sor + c[None, :], tl.trans(code).to(tl.uint8), mask=tl.trans(inside))
@@ -779,7 +782,7 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
             _bits(X), seed if seed is not None else scales, codes, scales, actual, R, C, X.stride(1),
             codes.stride(0), float(elem.max), _reciprocal_of_max(elem.max), TILE_R=rows, TILE_C=cols,
             RULE=RULES[rule], KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
-            STOCHASTIC=seed is not None, X_BF16=X.dtype == torch.bfloat16, **format_constants(elem),
+            STOCHASTIC=seed is not None, X_BF16=X.dtype == torch.bfloat16, **format_constants(elem, X.device),
             num_warps=warps)
         return codes, scales
     _launch(X, seed, codes, scales, scheme, rule, scales, actual, tile_c, 1 if per_row else 2, False, tile_r, tile_c)
