@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+import fewerbits as fb
 from fewerbits import bench
 from fewerbits.cli import main
 
@@ -132,3 +133,40 @@ def test_synchronizing_calls_runs_the_step_once():
 
     calls = []
     assert synchronizing_calls(lambda: calls.append(1)) == [] and calls == [1]
+
+
+def test_bench_train_repeats_go_over_the_arms_in_turn_and_pool_their_steps(monkeypatch, tmp_path, capsys):
+    """`repeats` rounds measure bf16, the recipes, then bf16 and the recipes again, each on a new
+    model; an arm's median and range come from all its rounds' timed steps, its ratio to bf16
+    from both arms' pooled medians, its peak memory is its rounds' largest."""
+    real, order = bench._time_training, []
+    fake_ms = {"bf16": [[10.0, 12.0], [20.0, 22.0]], "fp8_tensorwise": [[5.0, 6.0], [7.0, 30.0]]}
+
+    def timed(model, x, y, cfg, device, autocast):
+        recipes = {m.recipe.name for m in model.modules() if isinstance(m, fb.QuantizedLinear)}
+        name = "fp8_tensorwise" if "fp8_tensorwise" in recipes else "bf16"
+        real(model, x, y, cfg, device, autocast)  # the step runs for real
+        order.append(name)
+        return 1.0, fake_ms[name][sum(n == name for n in order) - 1]
+
+    monkeypatch.setattr(bench, "_time_training", timed)
+    cfg = bench.TrainBench(preset="tiny", batch_size=1, seq_len=8, steps=2, warmup=0, device="cpu", repeats=2)
+    rows = bench.bench_train(cfg, ["fp8_tensorwise"])
+    assert order == ["bf16", "fp8_tensorwise", "bf16", "fp8_tensorwise"]
+    base, fp8 = rows
+    assert base["step_ms"] == fake_ms["bf16"] and fp8["step_ms"] == fake_ms["fp8_tensorwise"]
+    assert base["ms_per_step"] == 16.0 and (base["ms_min"], base["ms_max"]) == (10.0, 22.0)  # median of 4 steps
+    assert fp8["ms_per_step"] == 6.5 and (fp8["ms_min"], fp8["ms_max"]) == (5.0, 30.0)
+    assert fp8["vs_bf16"] == pytest.approx(16.0 / 6.5) and fp8["tokens_per_s"] == pytest.approx(8 / 6.5e-3)
+    assert "| fp8_tensorwise | 6.5 | 5.0–30.0 |" in bench.train_table(rows)
+    with pytest.raises(ValueError, match="repeats"):
+        bench.bench_train(bench.TrainBench(preset="tiny", device="cpu", repeats=0), ["bf16"])
+    out = tmp_path / "r.json"
+    argv = ["bench", "train", "--preset", "tiny", "--batch-size", "1", "--seq-len", "8", "--iters", "2",
+            "--warmup", "0", "--device", "cpu", "--recipes", "fp8_tensorwise", "--repeats", "2", "--json", str(out)]
+    order.clear()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "--repeats 2" in printed and "2 rounds over the arms in turn" in printed
+    saved = json.loads(out.read_text())
+    assert saved["complete"] is True and [len(r["step_ms"]) for r in saved["rows"]] == [2, 2]

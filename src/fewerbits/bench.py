@@ -13,7 +13,10 @@
 Every arm runs in one process on one device, one after the other, with the same inputs; a
 time is the median of `iters` runs after `warmup` runs (CUDA events on a GPU, the wall clock on
 a CPU). Ratios between arms of one run are the numbers to compare; absolute times depend on
-the machine. The baseline of `bench train` is the `bf16` recipe: fp32 master weights, bf16
+the machine. `bench train` also gives each arm's slowest and fastest timed step, and with
+`repeats` goes over all its arms that many times in turn (a new model and compilation each
+time), pooling each arm's timed steps: a step that varies from one build of the model to the
+next shows in that range, where one round of timed steps can hide it. The baseline of `bench train` is the `bf16` recipe: fp32 master weights, bf16
 compute, the trainer's AdamW. A training step here is the trainer's: forward, cross-entropy,
 backward, gradient clipping at norm 1, AdamW step.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import statistics
 import time
 import warnings
 from dataclasses import dataclass
@@ -30,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .benchmark import time_ms
+from .benchmark import time_ms, time_samples
 from .convert import compile_model
 from .hardware import device_name, resolve_device
 from .recipes import Recipe, get_recipe
@@ -184,6 +188,7 @@ class TrainBench:
     seq_len: int = 128
     steps: int = 10  #: timed steps (the median is reported)
     warmup: int = 3
+    repeats: int = 1  #: rounds over every arm in turn, each arm's timed steps pooled
     compile: bool = False
     compile_blocks: bool = False  #: compile each transformer block instead of the whole model
     vocab_size: int = 8192
@@ -194,9 +199,12 @@ class TrainBench:
 
 def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None, on_rows=None) -> list[dict]:
     """Tokens/s and peak memory of a training step of `cfg.preset` under each recipe (and each
-    peer), all in this process; the bf16 recipe is measured first as the baseline. on_rows, if
-    given, gets the rows measured so far after each arm (a long run stopped early keeps them)."""
-    from .models import Llama, get_preset
+    peer), all in this process; the bf16 recipe is measured first as the baseline. With
+    `cfg.repeats` > 1 the arms are measured that many times in turn (bf16, the recipes, the
+    peers, then again), each time on a new model, compiled again; an arm's figures come from
+    all its timed steps (its peak memory is the largest). on_rows, if given, gets the rows
+    measured so far after each arm (a long run stopped early keeps them)."""
+    from .models import get_preset
 
     device = resolve_device(cfg.device)
     recipes = _recipes(recipes)
@@ -205,8 +213,8 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None, o
             raise ValueError(f"unknown peer {peer!r}; valid peers: {', '.join(PEERS)}")
     if "torchao" in peers:
         _require_torchao()
-    if cfg.steps < 1 or cfg.warmup < 0 or cfg.batch_size < 1 or cfg.seq_len < 1:
-        raise ValueError("steps, batch_size and seq_len must be at least 1, warmup at least 0")
+    if cfg.steps < 1 or cfg.warmup < 0 or cfg.batch_size < 1 or cfg.seq_len < 1 or cfg.repeats < 1:
+        raise ValueError("steps, repeats, batch_size and seq_len must be at least 1, warmup at least 0")
     model_cfg = get_preset(cfg.preset, cfg.vocab_size)
     if cfg.seq_len > model_cfg.max_seq_len:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds preset {cfg.preset}'s max_seq_len {model_cfg.max_seq_len}")
@@ -215,37 +223,57 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None, o
     arms = [("bf16", None)] + [(r.name, None) for r in recipes if r.name != "bf16"]
     if "torchao" in peers:
         arms += [("torchao tensorwise", "tensorwise"), ("torchao rowwise", "rowwise")]
-    rows = []
-    for name, torchao_recipe in arms:
-        _free(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        torch.manual_seed(0)
-        model = Llama(model_cfg).to(device)
-        autocast = False
-        if torchao_recipe is None:
-            from .convert import Policy
-            from .train.precision import apply_recipe
+    rows: dict[str, dict] = {}  # by arm, in the arms' order
+    for _ in range(cfg.repeats):
+        for name, torchao_recipe in arms:
+            rows[name] = _train_arm(cfg, name, torchao_recipe, model_cfg, x, y, device, rows.get(name))
+            base = rows["bf16"]
+            for row in rows.values():  # bf16's figures change with each of its rounds
+                row["vs_bf16"] = row["tokens_per_s"] / base["tokens_per_s"]
+                row["memory_vs_bf16"] = (row["peak_memory_bytes"] / base["peak_memory_bytes"]
+                                         if base["peak_memory_bytes"] else None)
+            row = rows[name]
+            echo(f"{name}: {statistics.median(row['step_ms'][-1]):.1f} ms/step (round {len(row['step_ms'])}), "
+                 f"{row['tokens_per_s']:,.0f} tokens/s over its rounds, first step {row['first_step_s']:.1f} s")
+            if on_rows is not None:
+                on_rows(list(rows.values()))
+    return list(rows.values())
 
-            policy = Policy(save_quantized_input=cfg.save_quantized_inputs,
-                            recompute_weight_values=cfg.recompute_weight_values)
-            apply_recipe(model, name, policy, device=device)
-        else:
-            _torchao_convert(model, torchao_recipe)
-            autocast = True
-        first_s, ms = _time_training(model, x, y, cfg, device, autocast)
-        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-        row = {"recipe": name, "ms_per_step": ms, "tokens_per_s": cfg.batch_size * cfg.seq_len / ms * 1e3,
-               "peak_memory_bytes": peak, "first_step_s": first_s}
-        rows.append(row)
-        base = rows[0]
-        row["vs_bf16"] = row["tokens_per_s"] / base["tokens_per_s"]
-        row["memory_vs_bf16"] = peak / base["peak_memory_bytes"] if base["peak_memory_bytes"] else None
-        echo(f"{name}: {ms:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, first step {first_s:.1f} s")
-        del model
-        if on_rows is not None:
-            on_rows(rows)
-    return rows
+
+def _train_arm(cfg: TrainBench, name: str, torchao_recipe, model_cfg, x, y, device, row: dict | None) -> dict:
+    """One round of one arm of `bench_train`: its row, with this round's timed steps added to
+    those of `row` (the arm's earlier rounds), or a new row."""
+    from .models import Llama
+
+    _free(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    torch.manual_seed(0)
+    model = Llama(model_cfg).to(device)
+    autocast = False
+    if torchao_recipe is None:
+        from .convert import Policy
+        from .train.precision import apply_recipe
+
+        policy = Policy(save_quantized_input=cfg.save_quantized_inputs,
+                        recompute_weight_values=cfg.recompute_weight_values)
+        apply_recipe(model, name, policy, device=device)
+    else:
+        _torchao_convert(model, torchao_recipe)
+        autocast = True
+    first_s, times = _time_training(model, x, y, cfg, device, autocast)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    del model
+    if row is None:  # the first round: its first step is the one that compiles
+        row = {"recipe": name, "first_step_s": first_s, "peak_memory_bytes": peak, "step_ms": []}
+    elif peak is not None:
+        row["peak_memory_bytes"] = max(row["peak_memory_bytes"], peak)
+    row["step_ms"].append(times)
+    pooled = [t for round_ in row["step_ms"] for t in round_]
+    ms = statistics.median(pooled)
+    row.update(ms_per_step=ms, ms_min=min(pooled), ms_max=max(pooled),
+               tokens_per_s=cfg.batch_size * cfg.seq_len / ms * 1e3)
+    return row
 
 
 def train_batch(model_cfg, batch_size: int, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -255,9 +283,9 @@ def train_batch(model_cfg, batch_size: int, seq_len: int, device) -> tuple[torch
     return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
 
-def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tuple[float, float]:
-    """(seconds of the first step, compilation included; median ms of the timed steps). The
-    first step is one of the `warmup` steps when there are any, and never a timed one."""
+def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tuple[float, list[float]]:
+    """(seconds of the first step, compilation included; ms of each timed step). The first
+    step is one of the `warmup` steps when there are any, and never a timed one."""
     step = training_step(model, x, y, compile=cfg.compile, device=device, autocast=autocast,
                          blocks=cfg.compile_blocks)
     t0 = time.perf_counter()
@@ -265,7 +293,7 @@ def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tupl
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     first_s = time.perf_counter() - t0
-    return first_s, time_ms(step, cfg.steps, max(cfg.warmup - 1, 0), device)
+    return first_s, time_samples(step, cfg.steps, max(cfg.warmup - 1, 0), device)
 
 
 def training_step(model, x, y, *, compile: bool, device, autocast: bool = False, blocks: bool = False):
@@ -359,11 +387,12 @@ def linear_table(rows: list[dict]) -> str:
 
 
 def train_table(rows: list[dict]) -> str:
-    lines = ["| recipe | ms/step | tokens/s | × bf16 tokens/s | peak memory | × bf16 memory | first step s |",
-             "|---|--:|--:|--:|--:|--:|--:|"]
+    lines = ["| recipe | ms/step | fastest–slowest step ms | tokens/s | × bf16 tokens/s | peak memory | × bf16 memory "
+             "| first step s |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         mem = f"{r['peak_memory_bytes'] / 2**30:.2f} GiB" if r["peak_memory_bytes"] is not None else "n/a (CPU)"
-        mem_ratio = f"{r['memory_vs_bf16']:.2f}" if r["memory_vs_bf16"] is not None else "n/a"
-        lines.append(f"| {r['recipe']} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {r['vs_bf16']:.2f} | "
-                     f"{mem} | {mem_ratio} | {r['first_step_s']:.1f} |")
+        mem_ratio = f"{r['memory_vs_bf16']:.3f}" if r["memory_vs_bf16"] is not None else "n/a"
+        lines.append(f"| {r['recipe']} | {r['ms_per_step']:.1f} | {r['ms_min']:.1f}–{r['ms_max']:.1f} | "
+                     f"{r['tokens_per_s']:,.0f} | {r['vs_bf16']:.3f} | {mem} | {mem_ratio} | {r['first_step_s']:.1f} |")
     return "\n".join(lines)

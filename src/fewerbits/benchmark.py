@@ -11,6 +11,11 @@ import torch
 
 def time_ms(fn, iters: int = 10, warmup: int = 3, device: torch.device | str | None = None) -> float:
     """Median milliseconds of `fn()` over `iters` runs after `warmup` runs."""
+    return statistics.median(time_samples(fn, iters, warmup, device))
+
+
+def time_samples(fn, iters: int = 10, warmup: int = 3, device: torch.device | str | None = None) -> list[float]:
+    """Milliseconds of each of `iters` runs of `fn()` after `warmup` runs."""
     if iters < 1 or warmup < 0:
         raise ValueError("iters must be at least 1 and warmup at least 0")
     cuda = device is not None and torch.device(device).type == "cuda"
@@ -29,7 +34,7 @@ def time_ms(fn, iters: int = 10, warmup: int = 3, device: torch.device | str | N
             t0 = time.perf_counter()
             fn()
             times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
+    return times
 
 
 def cuda_time_ms(fn, iters: int = 10, warmup: int = 3) -> float:

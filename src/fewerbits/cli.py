@@ -216,6 +216,9 @@ def cmd_bench(args) -> int:
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     head = bench.header(device, f"`fewerbits {_bench_command(args)} --recipes {','.join(recipes)}`") + (
         f", median of {args.iters} after {args.warmup} warm-up runs")
+    if args.what == "train" and args.repeats > 1:
+        head += (f" in each of {args.repeats} rounds over the arms in turn (a new model each round), "
+                 f"the median of an arm's {args.repeats * args.iters} timed steps")
     if args.what == "gemm":
         rows = bench.bench_gemm(args.preset, recipes, tokens=args.tokens, device=device, iters=args.iters,
                                 warmup=args.warmup)
@@ -227,7 +230,7 @@ def cmd_bench(args) -> int:
         cfg = bench.TrainBench(preset=args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
                                steps=args.iters, warmup=args.warmup, compile=args.compile, device=str(device),
                                compile_blocks=args.compile_blocks, save_quantized_inputs=args.save_quantized_inputs,
-                               recompute_weight_values=args.recompute_weight_values)
+                               recompute_weight_values=args.recompute_weight_values, repeats=args.repeats)
         peers = [args.peer] if args.peer else []
         # the arms measured so far are on disk after each one, marked incomplete until the end
         partial = (lambda rows: _write_json(args.json, {"header": head, "complete": False, "rows": rows})
@@ -249,7 +252,7 @@ def _bench_command(args) -> str:
         return "bench linear --shapes " + " ".join("x".join(map(str, s)) for s in args.shapes)
     return (f"bench train --preset {args.preset} --batch-size {args.batch_size} --seq-len {args.seq_len}"
             + (" --compile" if args.compile else "") + (" --compile-blocks" if args.compile_blocks else "")
-            + (f" --peer {args.peer}" if args.peer else ""))
+            + (f" --peer {args.peer}" if args.peer else "") + (f" --repeats {args.repeats}" if args.repeats > 1 else ""))
 
 
 def _write_json(path: str, obj) -> None:
@@ -364,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="NVFP4: quantize each weight again for backward instead of keeping its values (as train's option)")
             b.add_argument("--peer", choices=["torchao"], default=None,
                            help="also measure this library's FP8 training of the same model")
+            b.add_argument("--repeats", type=int, default=1,
+                           help="rounds over all the arms in turn, each on a new model (compiled again); "
+                                "an arm's figures pool its timed steps, so the table's step range shows "
+                                "how much its step varies from one build to the next")
         b.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("memory", help="estimate the memory per GPU of training a model under each recipe")
