@@ -829,3 +829,81 @@ def test_square_block_weights_are_quantized_once_for_both_gemms(monkeypatch):
     held.subtract(saved_b)
     assert +held == collections.Counter([(torch.bfloat16, (50, 70)), (torch.bfloat16, (36, 50))]
                                         + [(torch.float32, ())] * 2)  # and the tensor scales
+
+
+class _Attention(nn.Module):
+    """q, k and v read one tensor unless `memory` is given (cross-attention: k and v read it),
+    then a gate/up pair reads the mix; `twice` is called two times a forward."""
+
+    def __init__(self, recipe="fp8_delayed"):
+        super().__init__()
+        make = lambda i, o: fb.QuantizedLinear(i, o, recipe=recipe)  # noqa: E731
+        self.q, self.k, self.v, self.o = make(32, 32), make(32, 16), make(32, 16), make(32, 32)
+        self.gate, self.up, self.twice = make(32, 48), make(32, 48), make(48, 48)
+
+    def forward(self, x, memory=None):
+        kv = x if memory is None else memory
+        h = self.o(torch.cat([self.q(x)[..., :16] + self.k(kv), self.v(kv)], -1))
+        return self.twice(self.twice(torch.relu(self.gate(h)) * self.up(h)))
+
+
+def _steps(model, xs, memory=None, compiled=None):
+    """Train on each x in turn (sum of squares, SGD): losses, gradients, histories and amaxes."""
+    out = []
+    run = model if compiled is None else compiled
+    for x in xs:
+        loss = run(x, memory).float().square().sum()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                out.append(p.grad.clone())
+                p -= 1e-3 * p.grad
+                p.grad = None
+        out.append(loss.detach())
+    for m in model.modules():
+        if isinstance(m, fb.QuantizedLinear):
+            out += [m.delayed_scaling.amax_history.clone(), m.delayed_scaling.amax.clone()]
+    return out
+
+
+def test_linears_reading_one_tensor_share_its_delayed_input_scale_with_unshared_bits():
+    """`share_input_scales` groups the delayed-scaling Linears that read one tensor in a watched
+    forward — q/k/v and gate/up; cross-attention's k/v without q; never a Linear called twice —
+    and the shared model trains with unshared scaling's bits (outputs, gradients, every history
+    and amax), eagerly over steps whose amaxes change, and compiled, where its forward casts
+    each shared tensor once. A member whose history differs keeps its own."""
+    from fewerbits.linear import share_input_scales
+
+    torch.manual_seed(0)
+    xs = [torch.randn(6, 32) * s for s in (1.0, 40.0, 0.01, 3.0)]
+    plain = _Attention()
+    shared = _Attention()
+    shared.load_state_dict(plain.state_dict())
+    assert share_input_scales(shared, xs[0]) == [["q", "k", "v"], ["gate", "up"]]
+    assert all(torch.equal(a, b) for a, b in zip(_steps(shared, xs), _steps(plain, xs)))
+    # cross-attention: k and v read the memory, q reads x alone (its own scale, found afresh)
+    assert share_input_scales(shared, xs[0], torch.randn(6, 32)) == [["k", "v"], ["gate", "up"]]
+    assert shared.q._config.input_state is shared.q.delayed_scaling
+    assert share_input_scales(shared, xs[0]) == [["q", "k", "v"], ["gate", "up"]]
+    assert shared.q._config.input_state is shared.v.delayed_scaling
+    # compiled: the same bits as the unshared model compiled, and one cast of x for q/k/v and
+    # one of h for gate/up where there were three and two (the forward makes 3 fewer code buffers)
+    from torch._inductor.utils import run_and_get_code
+
+    more = [torch.randn(6, 32) * s for s in (5.0, 0.1)]
+    twin = _Attention()
+    twin.load_state_dict(shared.state_dict())  # the same histories, not shared
+    code_buffers, results = [], []
+    torch._dynamo.reset()
+    try:
+        for model in (shared, twin):
+            compiled = fb.compile_model(model)
+            _, codes = run_and_get_code(lambda: compiled(more[0]))  # noqa: B023 (records, as both do)
+            code_buffers.append(codes[0].count("torch.uint8)"))
+            results.append(_steps(model, more, compiled=compiled))
+    finally:
+        torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert code_buffers[1] - code_buffers[0] == 3, code_buffers
+    shared.k.delayed_scaling.amax_history[0, 3] += 1.0
+    assert share_input_scales(shared, xs[0]) == [["gate", "up"]]

@@ -181,6 +181,22 @@ def test_resume_equals_an_uninterrupted_run(recipe, corpus, cache, tmp_path):
     assert w_full.keys() == w_part.keys() and all(torch.equal(w_full[k], w_part[k]) for k in w_full)
 
 
+def test_delayed_scaling_shares_input_scales_with_the_losses_of_unshared_ones(corpus, cache, tmp_path, monkeypatch):
+    """The trainer lets fp8_delayed's q/k/v and gate/up quantize their shared input with one
+    amax (`share_input_scales`, two groups a block) and trains to the losses, bit for bit, of
+    each Linear reading its own scale."""
+    import fewerbits.train.loop as loop
+
+    notes = []
+    kw = dict(recipe="fp8_delayed", steps=6, checkpoint_every=0)
+    train(config(corpus, cache, tmp_path, out=str(tmp_path / "shared"), **kw), log=notes.append)
+    assert f"delayed scaling: {2 * get_preset('tiny').n_layers} groups of Linears share their input's scale" in notes
+    monkeypatch.setattr(loop, "share_input_scales", lambda model, *a, **k: [])
+    train(config(corpus, cache, tmp_path, out=str(tmp_path / "own"), **kw))
+    losses = lambda run: [r["loss"] for r in read_metrics(tmp_path / run) if "loss" in r]  # noqa: E731
+    assert len(losses("shared")) == 6 and losses("shared") == losses("own")
+
+
 def test_ctrl_c_writes_a_checkpoint(corpus, cache, tmp_path, monkeypatch):
     import fewerbits.train.loop as loop
 

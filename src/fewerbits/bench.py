@@ -243,6 +243,7 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None, o
 def _train_arm(cfg: TrainBench, name: str, torchao_recipe, model_cfg, x, y, device, row: dict | None) -> dict:
     """One round of one arm of `bench_train`: its row, with this round's timed steps added to
     those of `row` (the arm's earlier rounds), or a new row."""
+    from .linear import share_input_scales
     from .models import Llama
 
     _free(device)
@@ -261,6 +262,7 @@ def _train_arm(cfg: TrainBench, name: str, torchao_recipe, model_cfg, x, y, devi
     else:
         _torchao_convert(model, torchao_recipe)
         autocast = True
+    share_input_scales(model, x[:1])  # as the trainer: delayed scaling's shared input scales
     first_s, times = _time_training(model, x, y, cfg, device, autocast)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     del model

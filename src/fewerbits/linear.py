@@ -271,6 +271,69 @@ def share_operands(on: bool) -> None:
 
 
 @torch.no_grad()
+def share_input_scales(model: nn.Module, *inputs, **kwargs) -> list[list[str]]:
+    """Let the delayed-scaling Linears that read one tensor quantize it with one amax, so that a
+    compiled graph casts it once for all of them (as it does under per-tensor current scaling):
+    q_proj, k_proj and v_proj read one normalised input, gate_proj and up_proj another. Each
+    such Linear records that tensor's amax into its own input history every step, so their
+    histories hold the same numbers step after step; in separate buffers, though, which a
+    compiled graph cannot know to be equal, so it casts the tensor once per Linear and keeps
+    each cast's codes for the backward. After this, each of them reads the input amax of the
+    group's last Linear in the forward's order — the one whose record comes last, so every
+    member reads it before it changes, as each would read its own — and still records into
+    its own history: the codes, scales and histories are those of unshared scaling, bit for
+    bit, and a checkpoint is the same.
+
+    Which Linears read one tensor is found by watching one forward of `model(*inputs, **kwargs)`
+    (without gradients: no history records), not guessed from names (cross-attention's k and v
+    read another tensor than its q). A group is shared only if each member ran once and their
+    input histories and amaxes are equal now (a new model, or one that has shared since it was
+    made, or since its checkpoint was written). The forward must call the members in the same
+    order every time. Called again, it finds the groups afresh. Returns the groups shared, by
+    module name in call order."""
+    linears = {m: name for name, m in model.named_modules()
+               if isinstance(m, QuantizedLinear) and m.delayed_scaling is not None}
+    for m in linears:
+        m._config.input_state = m.delayed_scaling
+    if not linears:
+        return []
+    seen: list[tuple[QuantizedLinear, tuple, torch.Tensor]] = []
+
+    def watch(module, args):
+        x = args[0]  # kept until the forward is over: its storage cannot be freed and given to
+        # a later tensor, whose key would then be this one's
+        seen.append((module, (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape),
+                              tuple(x.stride()), x.dtype, x._version), x))
+
+    hooks = [m.register_forward_pre_hook(watch) for m in linears]
+    try:
+        model(*inputs, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    calls: dict = {}
+    for m, _, _ in seen:
+        calls[m] = calls.get(m, 0) + 1
+    groups: dict[tuple, list[QuantizedLinear]] = {}
+    for m, key, _ in seen:
+        if calls[m] == 1:
+            groups.setdefault(key, []).append(m)
+    del seen
+    shared = []
+    for members in groups.values():
+        owner = members[-1]
+        o = owner.delayed_scaling
+        if len(members) < 2 or not all(
+                m.delayed_scaling.config == o.config and torch.equal(m.delayed_scaling.amax_history[0], o.amax_history[0])
+                and torch.equal(m.delayed_scaling.amax[0], o.amax[0]) for m in members):
+            continue
+        for m in members:
+            m._config.input_state = o
+        shared.append([linears[m] for m in members])
+    return shared
+
+
+@torch.no_grad()
 def set_weight_amaxes(model: nn.Module, amax_of=None) -> int:
     """Give every QuantizedLinear of the model whose quantizers use the weight's amax
     (`uses_weight_amax`) that amax before a forward (eager code: a compiled graph cannot check a
@@ -330,6 +393,9 @@ class _Config:
                  recompute_weight_values: bool = False):
         self.recipe, self.native = recipe, native
         self.save_quantized_input, self.state = save_quantized_input, state
+        # delayed scaling: the state whose input amax quantizes the input (`share_input_scales`:
+        # that of the last Linear reading the same tensor; else this Linear's own)
+        self.input_state = state
         self.recompute_weight_values = recompute_weight_values
         self.cache_weight = False
         self.grad_enabled = True  # set per forward: whether autograd records it (a backward may follow)
@@ -376,7 +442,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
         ctx.n_prepared = len(prepared)
         x2 = x.reshape(-1, x.shape[-1])  # (M, K)
         # delayed scaling: the amaxes chosen after the previous step, kept for backward too
-        amax_in = state.amax_for("input") if state is not None else None
+        amax_in = cfg.input_state.amax_for("input") if state is not None else None
         amax_w = state.amax_for("weight") if state is not None else None
 
         if recipe.weight_qat is not None:  # QAT: the GEMMs see Q(W); W gets their gradient

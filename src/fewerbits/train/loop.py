@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..convert import Policy, compile_model
 from ..hardware import resolve_device
-from ..linear import QuantizedLinear, set_weight_amaxes
+from ..linear import QuantizedLinear, set_weight_amaxes, share_input_scales
 from ..models import Llama, get_preset
 from ..recipes import get_recipe
 from . import checkpoint as ckpt
@@ -245,6 +245,11 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     if cfg.grad_accum > 1:  # the micro-batches of a step share each quantized weight
         set_weight_cache(model, True)
+    # delayed scaling: the Linears that read one tensor quantize it with one amax (the same bits),
+    # found by watching one forward, before any graph is made (none without delayed scaling)
+    shared = share_input_scales(model, torch.zeros(1, cfg.seq_len, dtype=torch.long, device=device))
+    if shared:
+        log(f"delayed scaling: {len(shared)} groups of Linears share their input's scale")
     compiled = cfg.compile or cfg.compile_blocks
     step_model = compile_model(model, blocks=cfg.compile_blocks) if compiled else model
     windows = eval_windows(data.val, cfg.eval_windows, cfg.seq_len)
