@@ -13,11 +13,11 @@
 Every arm runs in one process on one device, one after the other, with the same inputs; a
 time is the median of `iters` runs after `warmup` runs (CUDA events on a GPU, the wall clock on
 a CPU). Ratios between arms of one run are the numbers to compare; absolute times depend on
-the machine. `bench train` also gives each arm's slowest and fastest timed step, and with
+the machine. `bench train` also gives each arm's fastest and slowest timed step, and with
 `repeats` goes over all its arms that many times in turn (a new model and compilation each
 time), pooling each arm's timed steps: a step that varies from one build of the model to the
-next shows in that range, where one round of timed steps can hide it. The baseline of `bench train` is the `bf16` recipe: fp32 master weights, bf16
-compute, the trainer's AdamW. A training step here is the trainer's: forward, cross-entropy,
+next shows in that range, where one round of timed steps can hide it. The baseline of `bench
+train` is the `bf16` recipe: fp32 master weights, bf16 compute, the trainer's AdamW. A training step here is the trainer's: forward, cross-entropy,
 backward, gradient clipping at norm 1, AdamW step.
 """
 

@@ -54,6 +54,7 @@ history and the amax the next quantization uses, as buffers: they are saved and 
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, replace
 
 import torch
@@ -287,8 +288,8 @@ def share_input_scales(model: nn.Module, *inputs, **kwargs) -> list[list[str]]:
     Which Linears read one tensor is found by watching one forward of `model(*inputs, **kwargs)`
     (without gradients: no history records), not guessed from names (cross-attention's k and v
     read another tensor than its q). A group is shared only if each member ran once and their
-    input histories and amaxes are equal now (a new model, or one that has shared since it was
-    made, or since its checkpoint was written). The forward must call the members in the same
+    input histories and amaxes are equal now, as they are for Linears that have read one tensor
+    since they were made (sharing keeps them so). The forward must call the members in the same
     order every time. Called again, it finds the groups afresh. Returns the groups shared, by
     module name in call order."""
     linears = {m: name for name, m in model.named_modules()
@@ -311,9 +312,7 @@ def share_input_scales(model: nn.Module, *inputs, **kwargs) -> list[list[str]]:
     finally:
         for h in hooks:
             h.remove()
-    calls: dict = {}
-    for m, _, _ in seen:
-        calls[m] = calls.get(m, 0) + 1
+    calls = collections.Counter(m for m, _, _ in seen)
     groups: dict[tuple, list[QuantizedLinear]] = {}
     for m, key, _ in seen:
         if calls[m] == 1:
