@@ -138,7 +138,7 @@ def test_synchronizing_calls_runs_the_step_once():
 def test_bench_train_repeats_go_over_the_arms_in_turn_and_pool_their_steps(monkeypatch, tmp_path, capsys):
     """`repeats` rounds measure bf16, the recipes, then bf16 and the recipes again, each on a new
     model; an arm's median and range come from all its rounds' timed steps, its ratio to bf16
-    from both arms' pooled medians, its peak memory is its rounds' largest."""
+    from both arms' pooled medians."""
     real, order = bench._time_training, []
     fake_ms = {"bf16": [[10.0, 12.0], [20.0, 22.0]], "fp8_tensorwise": [[5.0, 6.0], [7.0, 30.0]]}
 

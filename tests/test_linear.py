@@ -833,18 +833,19 @@ def test_square_block_weights_are_quantized_once_for_both_gemms(monkeypatch):
 
 class _Attention(nn.Module):
     """q, k and v read one tensor unless `memory` is given (cross-attention: k and v read it),
-    then a gate/up pair reads the mix; `twice` is called two times a forward."""
+    then a gate/up pair reads the mix h, and so does `twice`, which also reads x: a Linear
+    called two times a forward, which no group may take."""
 
     def __init__(self, recipe="fp8_delayed"):
         super().__init__()
         make = lambda i, o: fb.QuantizedLinear(i, o, recipe=recipe)  # noqa: E731
         self.q, self.k, self.v, self.o = make(32, 32), make(32, 16), make(32, 16), make(32, 32)
-        self.gate, self.up, self.twice = make(32, 48), make(32, 48), make(48, 48)
+        self.gate, self.up, self.twice = make(32, 48), make(32, 48), make(32, 48)
 
     def forward(self, x, memory=None):
         kv = x if memory is None else memory
         h = self.o(torch.cat([self.q(x)[..., :16] + self.k(kv), self.v(kv)], -1))
-        return self.twice(self.twice(torch.relu(self.gate(h)) * self.up(h)))
+        return torch.relu(self.gate(h)) * self.up(h) + self.twice(h) + self.twice(x)
 
 
 def _steps(model, xs, memory=None, compiled=None):

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ..formats import FloatFormat
+from ..rounding import NATIVE_FP8
 
 
 @triton.jit
@@ -226,9 +227,6 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, sor,
         tl.store(out_ptr + rows[:, None] * sor + cols[None, :], code.to(tl.uint8), mask=inside)
 
 
-NATIVE_FP8 = ("fp8_e4m3", "fp8_e5m2")  #: formats a GPU from sm_89 on converts fp32 to in one instruction
-
-
 @functools.cache
 def _converts_fp8(device: torch.device) -> bool:
     """Whether the kernels compiled for this device convert fp32 to FP8 natively: an NVIDIA GPU
@@ -240,7 +238,8 @@ def _converts_fp8(device: torch.device) -> bool:
 
 def native_fp8(fmt: FloatFormat, device: torch.device | None) -> bool:
     """Whether the kernels round to this format's codes by the GPU's conversion
-    (`_native_fp8_codes`, the reference's bits) on this device."""
+    (`_native_fp8_codes`, the reference's bits) on this device: the FP8 formats whose compiled
+    codes come from torch's conversion too (`rounding.NATIVE_FP8`)."""
     return device is not None and fmt.name in NATIVE_FP8 and _converts_fp8(torch.device(device))
 
 
