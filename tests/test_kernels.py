@@ -663,3 +663,60 @@ def test_values_of_the_hadamard_transform_made_in_the_kernel(name, size, roundin
     assert not rowblock.hadamard_fusable(scheme, fb.Hadamard(2 * size), 64)
     with pytest.raises(ValueError, match="cannot be fused"):
         rowblock.quantize_rowblocks(x[:, :37], scheme, None, values=True, hadamard=h)
+
+
+def _near_code_midpoints(rows: int, seed: int) -> torch.Tensor:
+    """fp32 rows of 1x128 blocks whose quotients by their block's scale lie at or a unit either
+    side of E4M3's rounding midpoints (x = fp32(midpoint · scale) and its neighbours; the block's
+    first element holds its amax, so its scale is amax / 448, rarely a power of two), plus
+    blocks with quotients below fp32's normal range, zero blocks and NaN / ±inf."""
+    gen = torch.Generator().manual_seed(seed)
+    v = torch.tensor(fb.get_format("fp8_e4m3").code_values()[:0x7F], dtype=torch.float64)  # 0 … 448
+    mids = (v[1:] + v[:-1]) / 2  # every midpoint of neighbouring non-negative codes
+    amax = torch.exp2(torch.randint(-20, 20, (rows, 1), generator=gen).double()) * (
+        1 + torch.rand(rows, 1, generator=gen, dtype=torch.float64))
+    scale = (amax.float() / 448.0).double()  # the reference's fp32 amax / max
+    pick = mids[torch.randint(0, len(mids), (rows, 128), generator=gen)]
+    x = (pick * scale).float()
+    step = torch.randint(-1, 2, (rows, 128), generator=gen)
+    x = torch.where(step > 0, torch.nextafter(x, torch.full_like(x, 1e38)),
+                    torch.where(step < 0, torch.nextafter(x, torch.zeros_like(x)), x))
+    x = x * torch.where(torch.rand(rows, 128, generator=gen) < 0.5, -1.0, 1.0)
+    x[:, 0] = amax.float().squeeze(1)
+    x[1, 1:] = x[1, 0] * 2.0**-140  # quotients below fp32's normal range
+    x[2] = 0.0
+    x[3, 7], x[4, 9], x[5, 11] = float("nan"), float("inf"), -float("inf")
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fp64_quotient_gives_the_codes_of_the_division(dtype, monkeypatch):
+    """Tiles of several fp32-scale blocks divide either by div_rn or as products by each
+    block's fp64 reciprocal (`rowblock.fp64_quotient` picks by timing); both give the
+    reference's codes and scales: quotients at and a unit either side of every E4M3 rounding
+    midpoint, quotients below fp32's normal range, zero blocks, NaN and ±inf; FP8 1x128 read
+    along rows and along columns, nearest and stochastic rounding, per-row FP8 with the amax
+    found and given."""
+    from fewerbits.kernels import rowblock
+    from fewerbits.rounding import draw_seed
+
+    x = torch.cat([_near_code_midpoints(24, seed) for seed in range(3)], dim=1).to(dtype).to(DEVICE)
+    amax = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(2)).to(DEVICE) * 4
+    choice, seen = rowblock.fp64_quotient, set()
+    for fp64 in (True, False):
+        def chosen(X, as_rows, fp64=fp64):
+            seen.add(fp64)
+            return fp64
+        monkeypatch.setattr(rowblock, "fp64_quotient", chosen)
+        for t, axis in ((x, -1), (x.t().contiguous().t(), 0), (x, 0)):
+            for rounding in ("nearest", "stochastic"):
+                gen = lambda: torch.Generator(device=DEVICE).manual_seed(4)  # noqa: E731
+                args = dict(axis=axis, rounding=rounding)
+                got = kernels.quantize(t, "fp8_e4m3_1x128", generator=gen(), **args)
+                ref = fb.quantize(t, "fp8_e4m3_1x128", generator=gen(), **args)
+                assert same(got, ref), (fp64, axis, rounding)
+        for a in (None, amax):
+            assert same(kernels.quantize(x, "fp8_e4m3_row", amax=a), fb.quantize(x, "fp8_e4m3_row", amax=a)), fp64
+    assert seen == {True, False}
+    # the choice: the product for 2-byte inputs and column reads, div_rn for fp32 rows
+    assert choice(x.float(), False) is False and choice(x.bfloat16(), False) and choice(x.float().t(), True)

@@ -213,7 +213,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
                      SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
                      X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr,
                      MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr,
-                     NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False):
+                     NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False, FP64_QUOTIENT: tl.constexpr = False):
     NB: tl.constexpr = TILE_C // BC
     # the tile as (TILE_R, NB, BC): rows, blocks, a block's columns; a block's amax and its
     # factor broadcast back along the last axis, with no reshape between (a reshape can make
@@ -273,6 +273,12 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
         # are replaced below), so that `_divisor` runs once and not in each thread per row
         p, m, y = _divisor(tl.max(tl.max(factor, axis=1), axis=0))
         v = _quotient(x, p, m, y)
+    elif RULE == 0 and FP64_QUOTIENT:  # the quotient as x times the block's fp64 reciprocal,
+        # rounded once to fp32: div_rn's bits for quotients in fp32's normal range, and below it
+        # the same codes (`scaling.exact_reciprocal` proves both), in a widening, a product and
+        # a narrowing an element where div_rn takes a reciprocal and its corrections
+        r = 1.0 / factor.to(tl.float64)
+        v = (x.to(tl.float64) * r[:, :, None]).to(tl.float32)
     elif RULE == 0:  # the correctly rounded quotient. (`_quotient` made the tiles of several
         # blocks 6–7% slower on the H200, docs/kernels-notes.md v30)
         v = tl.div_rn(x, f)
@@ -519,14 +525,22 @@ def default_tile() -> tuple[int, int, int]:
     of the fastest tile timed for MXFP8's and NVFP4's values (1–16% faster than the tiles
     before it: docs/kernels-notes.md, v24) and for FP8 1x128 and MXFP8 codes (5–13% faster
     than 16 × 128, and than 16 × 256 at 8 warps for column reads: v25). A square-block tile is
-    one block row, with 8 warps from 64 × 128 elements up, else 4."""
+    one block row, with 8 warps from 64 × 128 elements up, else 4. The codes of blocks with an
+    fp32 scale (FP8 1x128) read along rows take `FP32_SCALE_ROW_TILE` instead."""
     return 32, 128, 4
+
+
+# FP8 1x128 codes read along rows: since the GPU converts to FP8 itself (v35), 16 rows a
+# program were 5–9% faster than 32 on the H200 (bf16 8192 x 14336: 0.160 → 0.151 ms; fp32
+# 4096 x 14336: 0.089 → 0.080 ms; docs/kernels-notes.md, v38); column reads keep 32 rows
+FP32_SCALE_ROW_TILE = (16, 128, 4)
 
 
 def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None, *,
                        tile_r: int | None = None, tile_c: int | None = None, values: bool = False, hadamard=None,
                        num_warps: int | None = None, as_rows: bool | None = None,
-                       transpose_first: bool | None = None, tensor_amax: torch.Tensor | None = None):
+                       transpose_first: bool | None = None, tensor_amax: torch.Tensor | None = None,
+                       fp64: bool | None = None):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Scales are stored as QuantizedTensor stores them: uint8 codes for E8M0 / E4M3, else fp32.
@@ -540,7 +554,9 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     transpose_first: read a row-major copy of X made by the tiled transpose kernel (default:
     `column_read_transposed_first`; the same bits again).
     tile_r, tile_c, num_warps: the tile one program quantizes and its warps (default:
-    `default_tile`; a square-block tile is one block row).
+    `default_tile`, or `FP32_SCALE_ROW_TILE`; a square-block tile is one block row).
+    fp64: divide by fp32 scales as products by fp64 reciprocals (default: `fp64_quotient`; the
+    same bits either way).
     tensor_amax: NVFP4's tensor amax (fp32, 0-d) where the caller has it already — that of X,
     or of its transform under `hadamard` (`two_amaxes`) — instead of a pass over X for it.
     """
@@ -566,6 +582,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     if as_rows is None:
         as_rows = column_read_as_rows(X, scheme, hadamard)
     rows, cols, warps = default_tile()
+    if not values and br == 1 and rule_of(scheme) == "amax" and not as_rows:
+        rows, cols, warps = FP32_SCALE_ROW_TILE
     if br > 1:  # a square-block tile is one block row, its warps by its size (_launch)
         tile_r, warps = br, None
     tile_r, tile_c, num_warps = tile_r or rows, tile_c or cols, num_warps or warps
@@ -589,17 +607,17 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         s_dec = torch.empty((), dtype=torch.float32, device=X.device)
     if X.numel() == 0:
         return codes, scales, s_dec
-    rule = "two_level" if scheme.two_level else scheme.scale_rule
-    _launch(X, seed, codes, scales, scheme, rule, tensor_amax, scales, bc, 0, scale_codes, tile_r, tile_c, br,
-            values, hadamard, s_dec, num_warps, as_rows)
+    _launch(X, seed, codes, scales, scheme, rule_of(scheme), tensor_amax, scales, bc, 0, scale_codes, tile_r,
+            tile_c, br, values, hadamard, s_dec, num_warps, as_rows, fp64)
     return codes, scales, s_dec
 
 
 def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax, bc: int, amax_mode: int,
             scale_codes: bool, tile_r: int, tile_c: int, br: int = 1, values: bool = False, hadamard=None,
-            s_dec=None, num_warps: int | None = None, as_rows: bool = False) -> None:
+            s_dec=None, num_warps: int | None = None, as_rows: bool = False, fp64: bool | None = None) -> None:
     """One launch of the kernel over X (R, C); `tensor_amax` (and `s_dec`, written) only by the
-    two-level rule, `amax` only by the amax modes."""
+    two-level rule, `amax` only by the amax modes; fp64: the quotient by the fp64 reciprocal
+    (default: `fp64_quotient`)."""
     R, C = X.shape
     elem = scheme.elem
     _rowblock_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))](
@@ -617,7 +635,24 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard is not None else 0,
         AS_ROWS=as_rows, H_SPLIT=hadamard is not None and _interpreted(X), **format_constants(elem, X.device),
         num_warps=num_warps or (8 if tile_r * tile_c >= 64 * 128 else 4),
+        FP64_QUOTIENT=rule == "amax" and (fp64_quotient(X, as_rows) if fp64 is None else fp64),
     )
+
+
+def rule_of(scheme: Scheme) -> str:
+    """The kernel's scale rule (`RULES`) for a scheme."""
+    return "two_level" if scheme.two_level else scheme.scale_rule
+
+
+def fp64_quotient(X: torch.Tensor, as_rows: bool) -> bool:
+    """Whether the kernel divides a tile of several fp32-scale blocks (FP8 1x128, per-row and
+    per-tensor FP8 with the amax given) as x times each block's fp64 reciprocal, rounded once to
+    fp32, rather than by div_rn: the same codes either way (`scaling.exact_reciprocal`). Chosen
+    by timing on the H200 (docs/kernels-notes.md, v38): the product for 2-byte inputs and for
+    column reads laid out as rows (FP8 1x128 codes of bf16 8192 x 14336: rows 0.151 → 0.149 ms
+    with 16-row tiles, columns 0.167 → 0.143 ms), div_rn for fp32 rows (fp32 4096 x 14336: 0.080
+    ms against 0.084 by the product)."""
+    return as_rows or X.element_size() == 2
 
 
 def amax_supported(scheme: Scheme) -> bool:
