@@ -89,7 +89,7 @@ class Scheme:
 
     def with_rule(self, scale_rule: str | None) -> Scheme:
         """The same scheme with another scale rule (None: unchanged)."""
-        return self if scale_rule is None else replace(self, scale_rule=scale_rule)
+        return self if scale_rule is None or scale_rule == self.scale_rule else replace(self, scale_rule=scale_rule)
 
     def describe(self) -> str:
         blk = {(-1, -1): "tensor", (1, -1): "row"}.get(self.block, "{}x{}".format(*self.block))

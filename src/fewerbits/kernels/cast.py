@@ -243,9 +243,11 @@ def native_fp8(fmt: FloatFormat, device: torch.device | None) -> bool:
     return device is not None and fmt.name in NATIVE_FP8 and _converts_fp8(torch.device(device))
 
 
+@functools.cache
 def format_constants(fmt: FloatFormat, device: torch.device | None = None) -> dict:
     """The element format as the kernels' compile-time constants; with the device the kernel
-    runs on, NATIVE_MAX: the format's max where `native_fp8` holds, else 0."""
+    runs on, NATIVE_MAX: the format's max where `native_fp8` holds, else 0. (Made once per
+    format and device: callers unpack the dict, never change it.)"""
     return dict(E=fmt.exp_bits, M=fmt.man_bits, BIAS=fmt.bias, EMIN=fmt.emin, EMAX=fmt.emax,
                 MAX_CODE=fmt.max_code, BITS=fmt.bits, HAS_NAN=fmt.has_nan,
                 NAN_CODE=fmt.nan_code or 0, IS_INT=fmt.is_integer,

@@ -622,21 +622,30 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
     elem = scheme.elem
     _rowblock_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))](
         _bits(X), seed if seed is not None else scales, codes, scales, R, C, X.stride(0), X.stride(1),
-        codes.stride(0), scales.stride(0), X.stride(0),
-        float(elem.max), _reciprocal_of_max(elem.max), tensor_amax, amax,
-        hadamard.signs_tensor(X.device) if hadamard is not None else scales,
-        hadamard.scale if hadamard is not None else 1.0,
-        float(scheme.scale_fmt.max * elem.max), s_dec if s_dec is not None else scales,
-        BC=bc, TILE_R=tile_r, TILE_C=tile_c, RULE=RULES[rule],
-        KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
-        STOCHASTIC=seed is not None, PACK=2 if elem.bits == 4 else 1, SCALE_CODES=scale_codes,
+        codes.stride(0), scales.stride(0), X.stride(0), tensor_scales_ptr=tensor_amax, amax_ptr=amax,
+        signs_ptr=hadamard.signs_tensor(X.device) if hadamard is not None else scales,
+        h_scale=hadamard.scale if hadamard is not None else 1.0, s_dec_ptr=s_dec if s_dec is not None else scales,
+        BC=bc, TILE_R=tile_r, TILE_C=tile_c, STOCHASTIC=seed is not None, SCALE_CODES=scale_codes,
         AMAX_MODE=amax_mode, X_BF16=X.dtype == torch.bfloat16, BR=br,
         elem_table=code_table(elem, X.device) if values and elem.is_integer else X, VALUES=values,
-        MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard is not None else 0,
-        AS_ROWS=as_rows, H_SPLIT=hadamard is not None and _interpreted(X), **format_constants(elem, X.device),
+        H_STAGES=bc.bit_length() - 1 if hadamard is not None else 0,
+        AS_ROWS=as_rows, H_SPLIT=hadamard is not None and _interpreted(X),
         num_warps=num_warps or (8 if tile_r * tile_c >= 64 * 128 else 4),
         FP64_QUOTIENT=rule == "amax" and (fp64_quotient(X, as_rows) if fp64 is None else fp64),
+        **_scheme_constants(scheme, rule, X.device),
     )
+
+
+@functools.cache
+def _scheme_constants(scheme: Scheme, rule: str, device: torch.device) -> dict:
+    """The kernel's arguments that follow from the scheme, its rule and the device alone, made
+    once: derived from the formats' descriptions, they took about a third of the host's time of
+    a launch (docs/kernels-notes.md, v38), which the compiled steps pay for every cast."""
+    elem, fmt = scheme.elem, scheme.scale_fmt
+    return dict(elem_max=float(elem.max), rcp_max=_reciprocal_of_max(elem.max),
+                enc_numerator=float(fmt.max * elem.max), RULE=RULES[rule], KMIN=fmt.emin, KMAX=fmt.emax,
+                EMAX_ELEM=elem.emax, PACK=2 if elem.bits == 4 else 1, MAX_VALUE=float(elem.max),
+                **format_constants(elem, device))
 
 
 def rule_of(scheme: Scheme) -> str:
