@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .cast import cdiv
+
 BLOCK = 2048
 # _adamw_columns_kernel's tile: rows, columns, row steps a program, warps; on the H200 it ran
 # at 97% of the flat kernel's rate over a Llama-3-8B layer's weights (docs/kernels-notes.md v28)
@@ -161,13 +163,13 @@ def adamw_step(p: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                  AMAX=amax_bits is not None, enable_fp_fusion=False)
     s = p.grad if grad_scale is None else grad_scale
     if column_bits is None:
-        _adamw_kernel[(triton.cdiv(n, BLOCK),)](
+        _adamw_kernel[(cdiv(n, BLOCK),)](
             p, p.grad, exp_avg, exp_avg_sq, s, exp_avg if amax_bits is None else amax_bits, n, *scalars,
             BLOCK=BLOCK, **flags)
     else:
         tr, tc, steps, warps = tile or COLUMNS_TILE
         (R, C) = p.shape
-        _adamw_columns_kernel[(triton.cdiv(R, tr * steps), triton.cdiv(C, tc))](
+        _adamw_columns_kernel[(cdiv(R, tr * steps), cdiv(C, tc))](
             p, p.grad, exp_avg, exp_avg_sq, s, column_bits if amax_bits is None else amax_bits, column_bits,
             R, C, *scalars, TILE_R=tr, TILE_C=tc, STEPS=steps, num_warps=warps, **flags)
     # the kernel wrote through raw pointers, which autograd's version counters do not see:

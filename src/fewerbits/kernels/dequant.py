@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ..codes import code_table
 from ..quantize import QuantizedTensor, _block_shape
-from .cast import _to_bf16
+from .cast import _to_bf16, cdiv
 
 _OUT = (torch.float32, torch.bfloat16)
 
@@ -78,7 +78,7 @@ def dequantize_matrix(q: QuantizedTensor, dtype: torch.dtype = torch.float32, *,
     scale_table = code_table(q.scheme.scale_fmt, q.data.device) if scale_codes else elem_table
     use_ts = tensor_scale and q.tensor_scale is not None
     data, scale = q.data.contiguous(), q.scale.contiguous()
-    grid = (triton.cdiv(rows, tile_r), triton.cdiv(cols, tile_c))
+    grid = (cdiv(rows, tile_r), cdiv(cols, tile_c))
     _dequant_kernel[grid](
         data, scale, elem_table, scale_table, q.tensor_scale if use_ts else scale, out,
         rows, cols, data.stride(0), scale.stride(0), out.stride(0),

@@ -41,7 +41,7 @@ from ..codes import code_table
 from ..quantize import check_amax
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
-from .cast import _encode_store, _round_codes, _round_values, _seed_noise, _to_bf16, format_constants
+from .cast import _encode_store, _round_codes, _round_values, _seed_noise, _to_bf16, cdiv, format_constants
 
 RULES = {"amax": 0, "floor": 1, "ceil": 2, "even": 3, "rceil": 4, "two_level": 5}
 
@@ -448,7 +448,7 @@ def two_amaxes(X: torch.Tensor, hadamard, *, tile_c: int = 1024, groups: int = 4
     R, C = X.shape
     bits = torch.zeros(2, dtype=torch.int32, device=X.device)
     if X.numel():
-        grid = (triton.cdiv(R, 16 * groups), triton.cdiv(C, tile_c))
+        grid = (cdiv(R, 16 * groups), cdiv(C, tile_c))
         _two_amaxes_kernel[grid](_bits(X), bits, R, C, X.stride(0), X.stride(1), hadamard.signs_tensor(X.device),
                                  hadamard.scale, TILE_C=tile_c, GROUPS=groups, X_BF16=X.dtype == torch.bfloat16,
                                  num_warps=num_warps)
@@ -599,7 +599,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
             tensor_amax = torch.linalg.vector_norm(X, ord=float("inf")).float()
         else:  # the max over the transformed blocks, by the transform's own kernel
             bits = torch.zeros((), dtype=torch.int32, device=X.device)
-            _hadamard_amax_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))](
+            _hadamard_amax_kernel[(cdiv(R, tile_r), cdiv(C, tile_c))](
                 _bits(X), bits, R, C, X.stride(0), X.stride(1), X.stride(0), hadamard.signs_tensor(X.device),
                 hadamard.scale, BC=bc, TILE_R=tile_r, TILE_C=tile_c, STAGES=bc.bit_length() - 1,
                 X_BF16=X.dtype == torch.bfloat16, AS_ROWS=as_rows, H_SPLIT=_interpreted(X), num_warps=num_warps or 4)
@@ -620,7 +620,7 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
     (default: `fp64_quotient`)."""
     R, C = X.shape
     elem = scheme.elem
-    _rowblock_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c))](
+    _rowblock_kernel[(cdiv(R, tile_r), cdiv(C, tile_c))](
         _bits(X), seed if seed is not None else scales, codes, scales, R, C, X.stride(0), X.stride(1),
         codes.stride(0), scales.stride(0), X.stride(0), tensor_scales_ptr=tensor_amax, amax_ptr=amax,
         signs_ptr=hadamard.signs_tensor(X.device) if hadamard is not None else scales,
@@ -741,7 +741,7 @@ def column_amaxes(X: torch.Tensor, *, tile: tuple[int, int, int] | None = None) 
     tile_r, tile_c, steps = tile or COLUMN_AMAX_TILE
     bits = torch.zeros(R, dtype=torch.int32, device=X.device)
     if X.numel():
-        _column_amax_kernel[(triton.cdiv(R, tile_r), triton.cdiv(C, tile_c * steps))](
+        _column_amax_kernel[(cdiv(R, tile_r), cdiv(C, tile_c * steps))](
             X.view(torch.int16), bits, R, C, X.stride(1), TILE_R=tile_r, TILE_C=tile_c, STEPS=steps)
     return bits.view(torch.float32)
 
@@ -822,7 +822,7 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     scales = torch.empty(R if per_row else 1, 1, dtype=torch.float32, device=X.device)
     if columns:
         rows, cols, warps = column_tile or COLUMN_CODES_TILE
-        _column_codes_kernel[(triton.cdiv(R, rows), triton.cdiv(C, cols))](
+        _column_codes_kernel[(cdiv(R, rows), cdiv(C, cols))](
             _bits(X), seed if seed is not None else scales, codes, scales, actual, R, C, X.stride(1),
             codes.stride(0), float(elem.max), _reciprocal_of_max(elem.max), TILE_R=rows, TILE_C=cols,
             RULE=RULES[rule], KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,

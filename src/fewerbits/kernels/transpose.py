@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .cast import cdiv
+
 TILE = 64
 _AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
@@ -39,6 +41,6 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty(C, R, dtype=as_int, device=x.device)
     if x.numel():
         src = x.view(as_int)  # the bits (fp8, bf16, fp32 alike), strides unchanged
-        _transpose_kernel[(triton.cdiv(R, TILE), triton.cdiv(C, TILE))](
+        _transpose_kernel[(cdiv(R, TILE), cdiv(C, TILE))](
             src, y, R, C, src.stride(0), src.stride(1), TILE=TILE)
     return y.view(x.dtype)
