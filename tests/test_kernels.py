@@ -698,7 +698,6 @@ def test_the_fp64_quotient_gives_the_codes_of_the_division(dtype, monkeypatch):
     along rows and along columns, nearest and stochastic rounding, per-row FP8 with the amax
     found and given."""
     from fewerbits.kernels import rowblock
-    from fewerbits.rounding import draw_seed
 
     x = torch.cat([_near_code_midpoints(24, seed) for seed in range(3)], dim=1).to(dtype).to(DEVICE)
     amax = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(2)).to(DEVICE) * 4

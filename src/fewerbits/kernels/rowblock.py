@@ -655,12 +655,12 @@ def rule_of(scheme: Scheme) -> str:
 
 def fp64_quotient(X: torch.Tensor, as_rows: bool) -> bool:
     """Whether the kernel divides a tile of several fp32-scale blocks (FP8 1x128, per-row and
-    per-tensor FP8 with the amax given) as x times each block's fp64 reciprocal, rounded once to
-    fp32, rather than by div_rn: the same codes either way (`scaling.exact_reciprocal`). Chosen
-    by timing on the H200 (docs/kernels-notes.md, v38): the product for 2-byte inputs and for
-    column reads laid out as rows (FP8 1x128 codes of bf16 8192 x 14336: rows 0.151 → 0.149 ms
-    with 16-row tiles, columns 0.167 → 0.143 ms), div_rn for fp32 rows (fp32 4096 x 14336: 0.080
-    ms against 0.084 by the product)."""
+    per-tensor FP8 after their amax reduction) as x times each block's fp64 reciprocal, rounded
+    once to fp32, rather than by div_rn: the same codes either way (`scaling.exact_reciprocal`).
+    Chosen by timing on the H200 (docs/kernels-notes.md, v38): the product for 2-byte inputs and
+    for column reads laid out as rows (FP8 1x128 codes of bf16 8192 x 14336: rows 0.151 → 0.149
+    ms with 16-row tiles, columns 0.167 → 0.143 ms), div_rn for fp32 rows (fp32 4096 x 14336:
+    0.080 ms against 0.084 by the product)."""
     return as_rows or X.element_size() == 2
 
 
