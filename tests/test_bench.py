@@ -147,7 +147,8 @@ def test_bench_train_repeats_go_over_the_arms_in_turn_and_pool_their_steps(monke
         name = "fp8_tensorwise" if "fp8_tensorwise" in recipes else "bf16"
         real(model, x, y, cfg, device, autocast)  # the step runs for real
         order.append(name)
-        return 1.0, fake_ms[name][sum(n == name for n in order) - 1]
+        ms = fake_ms[name][sum(n == name for n in order) - 1]
+        return 1.0, ms, [t / 2 for t in ms]
 
     monkeypatch.setattr(bench, "_time_training", timed)
     cfg = bench.TrainBench(preset="tiny", batch_size=1, seq_len=8, steps=2, warmup=0, device="cpu", repeats=2)
@@ -158,7 +159,8 @@ def test_bench_train_repeats_go_over_the_arms_in_turn_and_pool_their_steps(monke
     assert base["ms_per_step"] == 16.0 and (base["ms_min"], base["ms_max"]) == (10.0, 22.0)  # median of 4 steps
     assert fp8["ms_per_step"] == 6.5 and (fp8["ms_min"], fp8["ms_max"]) == (5.0, 30.0)
     assert fp8["vs_bf16"] == pytest.approx(16.0 / 6.5) and fp8["tokens_per_s"] == pytest.approx(8 / 6.5e-3)
-    assert "| fp8_tensorwise | 6.5 | 5.0–30.0 |" in bench.train_table(rows)
+    assert fp8["host_ms"] == [[2.5, 3.0], [3.5, 15.0]] and fp8["host_ms_per_step"] == 3.25  # pooled too
+    assert "| fp8_tensorwise | 6.5 | 5.0–30.0 | 3.2 |" in bench.train_table(rows)
     with pytest.raises(ValueError, match="repeats"):
         bench.bench_train(bench.TrainBench(preset="tiny", device="cpu", repeats=0), ["bf16"])
     out = tmp_path / "r.json"
@@ -170,3 +172,15 @@ def test_bench_train_repeats_go_over_the_arms_in_turn_and_pool_their_steps(monke
     assert "--repeats 2" in printed and "2 rounds over the arms in turn" in printed
     saved = json.loads(out.read_text())
     assert saved["complete"] is True and [len(r["step_ms"]) for r in saved["rows"]] == [2, 2]
+    assert [[len(h) for h in r["host_ms"]] for r in saved["rows"]] == [[2, 2], [2, 2]]  # the real steps'
+
+
+def test_time_samples_gives_the_hosts_time_of_each_timed_run():
+    """`host` gets one figure per timed run (none for warm-up runs): the time until the call
+    returned, on a CPU the run's own time."""
+    from fewerbits.benchmark import time_samples
+
+    calls, host = [], []
+    times = time_samples(lambda: (calls.append(1), time.sleep(0.002)), iters=3, warmup=2, device="cpu", host=host)
+    assert len(calls) == 5 and len(times) == len(host) == 3
+    assert all(h >= 2.0 for h in host) and host == times

@@ -13,12 +13,14 @@
 Every arm runs in one process on one device, one after the other, with the same inputs; a
 time is the median of `iters` runs after `warmup` runs (CUDA events on a GPU, the wall clock on
 a CPU). Ratios between arms of one run are the numbers to compare; absolute times depend on
-the machine. `bench train` also gives each arm's fastest and slowest timed step, and with
-`repeats` goes over all its arms that many times in turn (a new model and compilation each
-time), pooling each arm's timed steps: a step that varies from one build of the model to the
-next shows in that range, where one round of timed steps can hide it. The baseline of `bench
-train` is the `bf16` recipe: fp32 master weights, bf16 compute, the trainer's AdamW. A training step here is the trainer's: forward, cross-entropy,
-backward, gradient clipping at norm 1, AdamW step.
+the machine. `bench train` also gives each arm's fastest and slowest timed step; the host's
+median time to enqueue a step (on a GPU, a host time near the step's time says the step was
+bound by the host, or waited on the GPU inside); and with `repeats` goes over all its arms that
+many times in turn (a new model and compilation each time), pooling each arm's timed steps: a
+step that varies from one build of the model to the next shows in that range, where one round
+of timed steps can hide it. The baseline of `bench train` is the `bf16` recipe: fp32 master
+weights, bf16 compute, the trainer's AdamW. A training step here is the trainer's: forward,
+cross-entropy, backward, gradient clipping at norm 1, AdamW step.
 """
 
 from __future__ import annotations
@@ -263,17 +265,19 @@ def _train_arm(cfg: TrainBench, name: str, torchao_recipe, model_cfg, x, y, devi
         _torchao_convert(model, torchao_recipe)
         autocast = True
     share_input_scales(model, x[:1])  # as the trainer: delayed scaling's shared input scales
-    first_s, times = _time_training(model, x, y, cfg, device, autocast)
+    first_s, times, host = _time_training(model, x, y, cfg, device, autocast)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     del model
     if row is None:  # the first round: its first step is the one that compiles
-        row = {"recipe": name, "first_step_s": first_s, "peak_memory_bytes": peak, "step_ms": []}
+        row = {"recipe": name, "first_step_s": first_s, "peak_memory_bytes": peak, "step_ms": [], "host_ms": []}
     elif peak is not None:
         row["peak_memory_bytes"] = max(row["peak_memory_bytes"], peak)
     row["step_ms"].append(times)
+    row["host_ms"].append(host)
     pooled = [t for round_ in row["step_ms"] for t in round_]
     ms = statistics.median(pooled)
     row.update(ms_per_step=ms, ms_min=min(pooled), ms_max=max(pooled),
+               host_ms_per_step=statistics.median(t for round_ in row["host_ms"] for t in round_),
                tokens_per_s=cfg.batch_size * cfg.seq_len / ms * 1e3)
     return row
 
@@ -285,9 +289,10 @@ def train_batch(model_cfg, batch_size: int, seq_len: int, device) -> tuple[torch
     return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
 
-def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tuple[float, list[float]]:
-    """(seconds of the first step, compilation included; ms of each timed step). The first
-    step is one of the `warmup` steps when there are any, and never a timed one."""
+def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tuple[float, list[float], list[float]]:
+    """(seconds of the first step, compilation included; ms of each timed step; ms of the host
+    each timed step took to return, `time_samples`'s host). The first step is one of the
+    `warmup` steps when there are any, and never a timed one."""
     step = training_step(model, x, y, compile=cfg.compile, device=device, autocast=autocast,
                          blocks=cfg.compile_blocks)
     t0 = time.perf_counter()
@@ -295,7 +300,8 @@ def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tupl
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     first_s = time.perf_counter() - t0
-    return first_s, time_samples(step, cfg.steps, max(cfg.warmup - 1, 0), device)
+    host: list[float] = []
+    return first_s, time_samples(step, cfg.steps, max(cfg.warmup - 1, 0), device, host), host
 
 
 def training_step(model, x, y, *, compile: bool, device, autocast: bool = False, blocks: bool = False):
@@ -389,12 +395,12 @@ def linear_table(rows: list[dict]) -> str:
 
 
 def train_table(rows: list[dict]) -> str:
-    lines = ["| recipe | ms/step | fastest–slowest step ms | tokens/s | × bf16 tokens/s | peak memory | × bf16 memory "
-             "| first step s |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    lines = ["| recipe | ms/step | fastest–slowest step ms | host ms/step | tokens/s | × bf16 tokens/s | peak memory "
+             "| × bf16 memory | first step s |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         mem = f"{r['peak_memory_bytes'] / 2**30:.2f} GiB" if r["peak_memory_bytes"] is not None else "n/a (CPU)"
         mem_ratio = f"{r['memory_vs_bf16']:.3f}" if r["memory_vs_bf16"] is not None else "n/a"
         lines.append(f"| {r['recipe']} | {r['ms_per_step']:.1f} | {r['ms_min']:.1f}–{r['ms_max']:.1f} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['vs_bf16']:.3f} | {mem} | {mem_ratio} | {r['first_step_s']:.1f} |")
+                     f"{r['host_ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {r['vs_bf16']:.3f} | {mem} | {mem_ratio} | {r['first_step_s']:.1f} |")
     return "\n".join(lines)

@@ -14,8 +14,12 @@ def time_ms(fn, iters: int = 10, warmup: int = 3, device: torch.device | str | N
     return statistics.median(time_samples(fn, iters, warmup, device))
 
 
-def time_samples(fn, iters: int = 10, warmup: int = 3, device: torch.device | str | None = None) -> list[float]:
-    """Milliseconds of each of `iters` runs of `fn()` after `warmup` runs."""
+def time_samples(fn, iters: int = 10, warmup: int = 3, device: torch.device | str | None = None,
+                 host: list[float] | None = None) -> list[float]:
+    """Milliseconds of each of `iters` runs of `fn()` after `warmup` runs. host, if given, gets
+    each timed run's milliseconds of the host: until `fn()` returns, which on a GPU is before
+    the work it queued is done (a run whose host time is near its time kept the GPU waiting on
+    the host, or waited on the GPU itself); on a CPU it is the run's time."""
     if iters < 1 or warmup < 0:
         raise ValueError("iters must be at least 1 and warmup at least 0")
     cuda = device is not None and torch.device(device).type == "cuda"
@@ -26,14 +30,19 @@ def time_samples(fn, iters: int = 10, warmup: int = 3, device: torch.device | st
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            t0 = time.perf_counter()
             fn()
+            returned = time.perf_counter()
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
         else:
             t0 = time.perf_counter()
             fn()
-            times.append(1e3 * (time.perf_counter() - t0))
+            returned = time.perf_counter()
+            times.append(1e3 * (returned - t0))
+        if host is not None:
+            host.append(1e3 * (returned - t0))
     return times
 
 
