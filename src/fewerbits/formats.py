@@ -29,7 +29,6 @@ Two formats are degenerate cases of the same layout rather than special code pat
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -95,9 +94,9 @@ class FloatFormat:
         reserved = {"ieee": 1 << self.man_bits, "fn": 1, "none": 0}[self.specials]
         return (1 << (self.exp_bits + self.man_bits)) - 1 - reserved
 
-    @functools.cached_property
+    @property
     def max(self) -> float:
-        """Largest finite value (decoded once: kernel launches read it for every cast)."""
+        """Largest finite value."""
         return self.decode_magnitude(self.max_code)
 
     @property
