@@ -402,5 +402,6 @@ def train_table(rows: list[dict]) -> str:
         mem = f"{r['peak_memory_bytes'] / 2**30:.2f} GiB" if r["peak_memory_bytes"] is not None else "n/a (CPU)"
         mem_ratio = f"{r['memory_vs_bf16']:.3f}" if r["memory_vs_bf16"] is not None else "n/a"
         lines.append(f"| {r['recipe']} | {r['ms_per_step']:.1f} | {r['ms_min']:.1f}–{r['ms_max']:.1f} | "
-                     f"{r['host_ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {r['vs_bf16']:.3f} | {mem} | {mem_ratio} | {r['first_step_s']:.1f} |")
+                     f"{r['host_ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {r['vs_bf16']:.3f} | {mem} | "
+                     f"{mem_ratio} | {r['first_step_s']:.1f} |")
     return "\n".join(lines)
