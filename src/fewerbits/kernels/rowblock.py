@@ -524,9 +524,10 @@ def default_tile() -> tuple[int, int, int]:
     row reads and column reads (laid out as rows). On the H200 it was the fastest or within 2%
     of the fastest tile timed for MXFP8's and NVFP4's values (1–16% faster than the tiles
     before it: docs/kernels-notes.md, v24) and for FP8 1x128 and MXFP8 codes (5–13% faster
-    than 16 × 128, and than 16 × 256 at 8 warps for column reads: v25). A square-block tile is
-    one block row, with 8 warps from 64 × 128 elements up, else 4. The codes of blocks with an
-    fp32 scale (FP8 1x128) read along rows take `FP32_SCALE_ROW_TILE` instead."""
+    than 16 × 128, and than 16 × 256 at 8 warps for column reads: v25, before the GPU's own FP8
+    conversion, v35). A square-block tile is one block row, with 8 warps from 64 × 128 elements
+    up, else 4. Since v38 the codes of blocks with an fp32 scale (FP8 1x128) read along rows take
+    `FP32_SCALE_ROW_TILE` instead."""
     return 32, 128, 4
 
 
@@ -822,10 +823,11 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     scales = torch.empty(R if per_row else 1, 1, dtype=torch.float32, device=X.device)
     if columns:
         rows, cols, warps = column_tile or COLUMN_CODES_TILE
+        k = _scheme_constants(scheme, rule, X.device)
         _column_codes_kernel[(cdiv(R, rows), cdiv(C, cols))](
             _bits(X), seed if seed is not None else scales, codes, scales, actual, R, C, X.stride(1),
-            codes.stride(0), float(elem.max), _reciprocal_of_max(elem.max), TILE_R=rows, TILE_C=cols,
-            RULE=RULES[rule], KMIN=scheme.scale_fmt.emin, KMAX=scheme.scale_fmt.emax, EMAX_ELEM=elem.emax,
+            codes.stride(0), k["elem_max"], k["rcp_max"], TILE_R=rows, TILE_C=cols,
+            RULE=k["RULE"], KMIN=k["KMIN"], KMAX=k["KMAX"], EMAX_ELEM=k["EMAX_ELEM"],
             STOCHASTIC=seed is not None, X_BF16=X.dtype == torch.bfloat16, **format_constants(elem, X.device),
             num_warps=warps)
         return codes, scales
