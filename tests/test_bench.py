@@ -126,6 +126,35 @@ def test_bench_train_compile_blocks_compiles_block_by_block(capsys, monkeypatch)
     assert "--compile-blocks --recipes bf16,fp8_tensorwise" in capsys.readouterr().out
 
 
+def test_bench_train_compile_mode_reaches_every_arms_compilation(capsys, monkeypatch):
+    """--compile-mode reaches compile_model as torch.compile's mode for every arm, and the table's
+    header names it (compilation itself is replaced here; on a GPU tests/test_cuda.py trains
+    with the graphs replayed)."""
+    calls = []
+    monkeypatch.setattr(bench, "compile_model", lambda model, **kw: calls.append(kw) or model)
+    argv = ["bench", "train", "--preset", "tiny", "--batch-size", "1", "--seq-len", "8", "--iters", "1",
+            "--warmup", "0", "--device", "cpu", "--recipes", "bf16,fp8_tensorwise", "--compile-blocks",
+            "--compile-mode", "reduce-overhead"]
+    assert main(argv) == 0
+    assert calls == [{"blocks": True, "mode": "reduce-overhead"}] * 2
+    assert "--compile-blocks --compile-mode reduce-overhead --recipes bf16,fp8_tensorwise" in capsys.readouterr().out
+
+
+def test_bench_train_compile_mode_needs_compilation_and_a_known_mode(capsys):
+    argv = ["bench", "train", "--preset", "tiny", "--iters", "1", "--device", "cpu", "--recipes", "bf16",
+            "--compile-mode", "reduce-overhead"]
+    assert main(argv) == 2
+    assert "compile mode 'reduce-overhead' needs compilation (--compile or --compile-blocks)" in capsys.readouterr().err
+    cfg = bench.TrainBench(preset="tiny", compile_blocks=True, compile_mode="fastest", device="cpu")
+    with pytest.raises(ValueError, match="unknown compile mode 'fastest'; valid modes: default, reduce-overhead"):
+        bench.bench_train(cfg, ["bf16"])
+
+
+def test_only_cuda_graph_modes_mark_steps():
+    assert bench.uses_cuda_graphs("reduce-overhead") and bench.uses_cuda_graphs("max-autotune")
+    assert not any(bench.uses_cuda_graphs(m) for m in (None, "default", "max-autotune-no-cudagraphs"))
+
+
 def test_synchronizing_calls_runs_the_step_once():
     """Without CUDA nothing can make the host wait for it: the step runs once, the list is empty
     (on a GPU, tests/test_cuda.py asserts that no compiled training step makes such a call)."""

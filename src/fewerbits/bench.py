@@ -21,6 +21,13 @@ step that varies from one build of the model to the next shows in that range, wh
 of timed steps can hide it. The baseline of `bench train` is the `bf16` recipe: fp32 master
 weights, bf16 compute, the trainer's AdamW. A training step here is the trainer's: forward,
 cross-entropy, backward, gradient clipping at norm 1, AdamW step.
+
+`--compile-mode` passes torch.compile's mode to every compiled arm; "reduce-overhead" replays
+the compiled graphs (each block's forward and backward with `--compile-blocks`) as CUDA graphs,
+so the host launches a graph instead of each of its kernels. Their memory is allocated when
+they are recorded (a warm-up step), so an arm's peak memory is that step's; the JSON's
+`peak_reserved_bytes` (every arm's peak of the allocator's reserved memory) also counts the
+graphs' memory pools, which replays keep whether or not the allocator sees a tensor in them.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .benchmark import time_ms, time_samples
-from .convert import compile_model
+from .convert import COMPILE_MODES, compile_model
 from .hardware import device_name, resolve_device
 from .recipes import Recipe, get_recipe
 
@@ -193,6 +200,7 @@ class TrainBench:
     repeats: int = 1  #: rounds over every arm in turn, each arm's timed steps pooled
     compile: bool = False
     compile_blocks: bool = False  #: compile each transformer block instead of the whole model
+    compile_mode: str | None = None  #: torch.compile's mode for every arm (with compile or compile_blocks)
     vocab_size: int = 8192
     device: str = "auto"
     save_quantized_inputs: bool = False  #: as the trainer's option (recipes' arms only)
@@ -217,6 +225,7 @@ def bench_train(cfg: TrainBench, recipes, *, peers=(), echo=lambda line: None, o
         _require_torchao()
     if cfg.steps < 1 or cfg.warmup < 0 or cfg.batch_size < 1 or cfg.seq_len < 1 or cfg.repeats < 1:
         raise ValueError("steps, repeats, batch_size and seq_len must be at least 1, warmup at least 0")
+    check_compile_mode(cfg.compile_mode, cfg.compile or cfg.compile_blocks)
     model_cfg = get_preset(cfg.preset, cfg.vocab_size)
     if cfg.seq_len > model_cfg.max_seq_len:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds preset {cfg.preset}'s max_seq_len {model_cfg.max_seq_len}")
@@ -267,11 +276,14 @@ def _train_arm(cfg: TrainBench, name: str, torchao_recipe, model_cfg, x, y, devi
     share_input_scales(model, x[:1])  # as the trainer: delayed scaling's shared input scales
     first_s, times, host = _time_training(model, x, y, cfg, device, autocast)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    reserved = torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None
     del model
     if row is None:  # the first round: its first step is the one that compiles
-        row = {"recipe": name, "first_step_s": first_s, "peak_memory_bytes": peak, "step_ms": [], "host_ms": []}
+        row = {"recipe": name, "first_step_s": first_s, "peak_memory_bytes": peak, "peak_reserved_bytes": reserved,
+               "step_ms": [], "host_ms": []}
     elif peak is not None:
         row["peak_memory_bytes"] = max(row["peak_memory_bytes"], peak)
+        row["peak_reserved_bytes"] = max(row["peak_reserved_bytes"], reserved)
     row["step_ms"].append(times)
     row["host_ms"].append(host)
     pooled = [t for round_ in row["step_ms"] for t in round_]
@@ -294,7 +306,7 @@ def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tupl
     each timed step took to return, `time_samples`'s host). The first step is one of the
     `warmup` steps when there are any, and never a timed one."""
     step = training_step(model, x, y, compile=cfg.compile, device=device, autocast=autocast,
-                         blocks=cfg.compile_blocks)
+                         blocks=cfg.compile_blocks, mode=cfg.compile_mode)
     t0 = time.perf_counter()
     step()
     if device.type == "cuda":
@@ -304,20 +316,28 @@ def _time_training(model, x, y, cfg: TrainBench, device, autocast: bool) -> tupl
     return first_s, time_samples(step, cfg.steps, max(cfg.warmup - 1, 0), device, host), host
 
 
-def training_step(model, x, y, *, compile: bool, device, autocast: bool = False, blocks: bool = False):
+def training_step(model, x, y, *, compile: bool, device, autocast: bool = False, blocks: bool = False,
+                  mode: str | None = None):
     """The step `bench train` times, as a function: forward (compiled with `compile_model` if
-    asked, block by block with `blocks`; the optimizer stays eager), cross-entropy, backward,
-    clipping and the trainer's AdamW, as the trainer runs them (the clipping coefficient
-    applied by AdamW as it reads each gradient, the weights' amaxes that its kernel finds
-    given to the quantizers: `set_weight_amaxes`)."""
+    asked, block by block with `blocks`, in torch.compile's `mode` if given; the optimizer stays
+    eager), cross-entropy, backward, clipping and the trainer's AdamW, as the trainer runs them
+    (the clipping coefficient applied by AdamW as it reads each gradient, the weights' amaxes
+    that its kernel finds given to the quantizers: `set_weight_amaxes`). Under a mode that
+    replays CUDA graphs, each step begins a new iteration of them
+    (`torch.compiler.cudagraph_mark_step_begin`): the previous step's outputs are done with."""
     from .linear import set_weight_amaxes
     from .train.optim import AdamW, clip_coefficient, param_groups
 
+    check_compile_mode(mode, compile or blocks)
     opt = AdamW(param_groups(model, 0.1), lr=1e-4)
     params = [p for p in model.parameters() if p.requires_grad]
-    step_model = compile_model(model, blocks=blocks) if compile or blocks else model
+    kwargs = {"mode": mode} if mode is not None else {}
+    step_model = compile_model(model, blocks=blocks, **kwargs) if compile or blocks else model
+    graphs = uses_cuda_graphs(mode)
 
     def step():
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         set_weight_amaxes(model, opt.weight_amax)  # as the trainer: the weights' amaxes from AdamW
         with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
             logits = step_model(x).float().flatten(0, -2)
@@ -328,6 +348,21 @@ def training_step(model, x, y, *, compile: bool, device, autocast: bool = False,
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def check_compile_mode(mode: str | None, compiled: bool) -> None:
+    """A clear error for a torch.compile mode that is unknown or given without compilation."""
+    if mode is None:
+        return
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"unknown compile mode {mode!r}; valid modes: {', '.join(COMPILE_MODES)}")
+    if not compiled:
+        raise ValueError(f"compile mode {mode!r} needs compilation (--compile or --compile-blocks)")
+
+
+def uses_cuda_graphs(mode: str | None) -> bool:
+    """Whether torch.compile's `mode` replays its graphs as CUDA graphs (on CUDA devices)."""
+    return bool(mode) and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
 
 
 def synchronizing_calls(fn) -> list[str]:

@@ -11,6 +11,7 @@ import sys
 import torch
 
 from . import __version__
+from .convert import COMPILE_MODES
 from .formats import FORMATS
 from .hardware import device_name, native_matmul, resolve_device
 
@@ -229,7 +230,8 @@ def cmd_bench(args) -> int:
     else:
         cfg = bench.TrainBench(preset=args.preset, batch_size=args.batch_size, seq_len=args.seq_len,
                                steps=args.iters, warmup=args.warmup, compile=args.compile, device=str(device),
-                               compile_blocks=args.compile_blocks, save_quantized_inputs=args.save_quantized_inputs,
+                               compile_blocks=args.compile_blocks, compile_mode=args.compile_mode,
+                               save_quantized_inputs=args.save_quantized_inputs,
                                recompute_weight_values=args.recompute_weight_values, repeats=args.repeats)
         peers = [args.peer] if args.peer else []
         # the arms measured so far are on disk after each one, marked incomplete until the end
@@ -252,6 +254,7 @@ def _bench_command(args) -> str:
         return "bench linear --shapes " + " ".join("x".join(map(str, s)) for s in args.shapes)
     return (f"bench train --preset {args.preset} --batch-size {args.batch_size} --seq-len {args.seq_len}"
             + (" --compile" if args.compile else "") + (" --compile-blocks" if args.compile_blocks else "")
+            + (f" --compile-mode {args.compile_mode}" if args.compile_mode else "")
             + (f" --peer {args.peer}" if args.peer else "") + (f" --repeats {args.repeats}" if args.repeats > 1 else ""))
 
 
@@ -361,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
             b.add_argument("--compile", action="store_true", help="torch.compile every arm")
             b.add_argument("--compile-blocks", action="store_true",
                            help="torch.compile every arm block by block (one block's compile time)")
+            b.add_argument("--compile-mode", choices=COMPILE_MODES, default=None,
+                           help="torch.compile's mode for every arm, with --compile or --compile-blocks "
+                                "(reduce-overhead: the compiled graphs replayed as CUDA graphs)")
             b.add_argument("--save-quantized-inputs", action="store_true",
                            help="Linears keep their input's quantized column-wise copy for backward (as train's option)")
             b.add_argument("--recompute-weight-values", action="store_true",

@@ -192,6 +192,10 @@ def convert(
     return report
 
 
+#: torch.compile's modes (`compile_model`'s `mode`); "reduce-overhead" replays CUDA graphs
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
     """torch.compile(model) with the quantizers seeing what eager mode sees.
 
