@@ -150,7 +150,9 @@ def test_bench_train_compile_mode_needs_compilation_and_a_known_mode(capsys):
         bench.bench_train(cfg, ["bf16"])
 
 
-def test_only_cuda_graph_modes_mark_steps():
+def test_uses_cuda_graphs_names_the_modes_that_replay_cuda_graphs():
+    """The modes whose steps training_step marks (`cudagraph_mark_step_begin`): those whose
+    inductor options replay CUDA graphs, and no other."""
     assert bench.uses_cuda_graphs("reduce-overhead") and bench.uses_cuda_graphs("max-autotune")
     assert not any(bench.uses_cuda_graphs(m) for m in (None, "default", "max-autotune-no-cudagraphs"))
 
