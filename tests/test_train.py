@@ -361,6 +361,19 @@ def test_cli_train_sample_and_errors(corpus, cache, tmp_path, capsys):
         assert err.startswith("fewerbits: error:") and message in err and "\n" not in err, err
 
 
+def test_compare_header_names_the_options_that_set_speed_and_memory():
+    """The header of compare.md names how the runs were compiled and accumulated, which change
+    tokens/s and memory, beside the model and batch options; defaults stay unnamed."""
+    from fewerbits.train.compare import command_line
+
+    plain = command_line(TrainConfig(), ["bf16", "fp8_blockwise"])
+    assert plain == ("fewerbits compare --recipes bf16,fp8_blockwise --preset tiny --steps 200 "
+                     "--batch-size 8 --seq-len 128 --seed 0")
+    cfg = TrainConfig(grad_accum=4, compile_blocks=True, compile_mode="reduce-overhead")
+    assert command_line(cfg, ["bf16"], jobs=2).endswith(
+        "--seed 0 --grad-accum 4 --compile-blocks --compile-mode reduce-overhead --jobs 2")
+
+
 def test_compare_writes_table_and_figure(corpus, cache, tmp_path, capsys):
     out = tmp_path / "cmp"
     argv = ["compare", "--recipes", "bf16,mxfp4", "--steps", "6", "--out", str(out), *cli(corpus, cache, tmp_path)]

@@ -44,7 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .benchmark import time_ms, time_samples
-from .convert import COMPILE_MODES, compile_model
+from .convert import check_compile_mode, compile_model, uses_cuda_graphs
 from .hardware import device_name, resolve_device
 from .recipes import Recipe, get_recipe
 
@@ -348,21 +348,6 @@ def training_step(model, x, y, *, compile: bool, device, autocast: bool = False,
         opt.zero_grad(set_to_none=True)
 
     return step
-
-
-def check_compile_mode(mode: str | None, compiled: bool) -> None:
-    """A clear error for a torch.compile mode that is unknown or given without compilation."""
-    if mode is None:
-        return
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"unknown compile mode {mode!r}; valid modes: {', '.join(COMPILE_MODES)}")
-    if not compiled:
-        raise ValueError(f"compile mode {mode!r} needs compilation (--compile or --compile-blocks)")
-
-
-def uses_cuda_graphs(mode: str | None) -> bool:
-    """Whether torch.compile's `mode` replays its graphs as CUDA graphs (on CUDA devices)."""
-    return bool(mode) and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
 
 
 def synchronizing_calls(fn) -> list[str]:

@@ -196,6 +196,21 @@ def convert(
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+def check_compile_mode(mode: str | None, compiled: bool) -> None:
+    """A clear error for a torch.compile mode that is unknown or given without compilation."""
+    if mode is None:
+        return
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"unknown compile mode {mode!r}; valid modes: {', '.join(COMPILE_MODES)}")
+    if not compiled:
+        raise ValueError(f"compile mode {mode!r} needs compilation (--compile or --compile-blocks)")
+
+
+def uses_cuda_graphs(mode: str | None) -> bool:
+    """Whether torch.compile's `mode` replays its graphs as CUDA graphs (on CUDA devices)."""
+    return bool(mode) and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+
+
 def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
     """torch.compile(model) with the quantizers seeing what eager mode sees.
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..convert import Policy, compile_model
+from ..convert import Policy, check_compile_mode, compile_model, uses_cuda_graphs
 from ..hardware import resolve_device
 from ..linear import QuantizedLinear, set_weight_amaxes, share_input_scales
 from ..models import Llama, get_preset
@@ -81,6 +81,7 @@ class TrainConfig:
     overwrite: bool = False  #: start over in --out, deleting its checkpoint and metrics
     compile: bool = False  #: torch.compile the model
     compile_blocks: bool = False  #: torch.compile each transformer block instead (one graph for all blocks: about one block's compile time)
+    compile_mode: str | None = None  #: torch.compile's mode, with --compile or --compile-blocks: default, reduce-overhead (on a GPU the compiled graphs replayed as CUDA graphs: the host launches a block at a time), max-autotune or max-autotune-no-cudagraphs
     save_quantized_inputs: bool = False  #: Linears keep their input's quantized column-wise copy for backward instead of the input (less activation memory; the same bits where inputs round to nearest, as in every built-in recipe)
     recompute_weight_values: bool = False  #: NVFP4 on a GPU: the input-gradient GEMM quantizes each weight again instead of keeping the forward's bf16 values (2 bytes a weight less memory between forward and backward, one more pass over the weights; the same bits)
     progress: bool = True  #: show a progress line on the terminal
@@ -95,6 +96,7 @@ class TrainConfig:
             raise ValueError("optimizer_states must be float32 or bfloat16")
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite contradict each other; pick one")
+        check_compile_mode(self.compile_mode, self.compile or self.compile_blocks)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -162,9 +164,10 @@ def prepare_weights(model: nn.Module) -> list:
 
 
 @torch.no_grad()
-def evaluate(model, windows, batch_size: int, device) -> float:
+def evaluate(model, windows, batch_size: int, device, cuda_graphs: bool = False) -> float:
     """Mean cross-entropy over fixed validation windows (no state is updated); the quantized
-    weights are prepared once for all windows."""
+    weights are prepared once for all windows. With `cuda_graphs` (a model compiled in a mode
+    that replays them) each batch begins a new replay: the previous batch's outputs are read."""
     was_training = model.training
     model.eval()
     previous = set_weight_cache(model, True)
@@ -172,6 +175,8 @@ def evaluate(model, windows, batch_size: int, device) -> float:
     total, count = 0.0, 0
     for i in range(0, len(x_all), batch_size):
         x, y = x_all[i : i + batch_size].to(device), y_all[i : i + batch_size].to(device)
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         logits = model(x).float()
         total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
         count += y.numel()
@@ -251,7 +256,9 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
     if shared:
         log(f"delayed scaling: {len(shared)} groups of Linears share their input's scale")
     compiled = cfg.compile or cfg.compile_blocks
-    step_model = compile_model(model, blocks=cfg.compile_blocks) if compiled else model
+    how = {"mode": cfg.compile_mode} if cfg.compile_mode else {}
+    step_model = compile_model(model, blocks=cfg.compile_blocks, **how) if compiled else model
+    graphs = compiled and device.type == "cuda" and uses_cuda_graphs(cfg.compile_mode)
     windows = eval_windows(data.val, cfg.eval_windows, cfg.seq_len)
     params = [p for p in model.parameters() if p.requires_grad]
     progress = Progress(cfg.steps, f"{recipe.name} ", cfg.progress)
@@ -279,8 +286,11 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
             # quantizers then read no weight for them), before the weights are prepared
             set_weight_amaxes(model, opt.weight_amax)
             prepared = prepare_weights(model) if compiled and cfg.grad_accum > 1 else []
+            ours = set()  # data pointers of gradients copied out of the CUDA graphs' memory
             for micro in range(cfg.grad_accum):
                 x, y = (t.to(device) for t in batch(data.train, cfg.batch_size, cfg.seq_len, cfg.seed, step, micro))
+                if graphs:  # a new replay: the previous micro-batch's outputs are done with
+                    torch.compiler.cudagraph_mark_step_begin()
                 # the logits have no name here: once the loss is computed, only what its
                 # backward saves stays alive (a name would hold the fp32 logits through it)
                 loss = F.cross_entropy(step_model(x).float().flatten(0, -2), y.reshape(-1))
@@ -288,6 +298,14 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
                 total = loss + cfg.moe_aux_coef * aux if aux is not None else loss
                 (total * (scaler.scale / cfg.grad_accum)).backward()
                 loss_value += loss.item() / cfg.grad_accum
+                if graphs and micro + 1 < cfg.grad_accum:
+                    # a gradient first made by a replayed backward can be that replay's output
+                    # itself, in the graphs' memory, which the next micro-batch's replay writes
+                    # over: it moves out once, and the later micro-batches add to it in place
+                    for p in params:
+                        if p.grad is not None and p.grad.data_ptr() not in ours:
+                            p.grad = p.grad.clone()
+                            ours.add(p.grad.data_ptr())
             for layer in prepared:  # before the optimizer changes the weights
                 layer.release_weight()
 
@@ -329,7 +347,7 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
                 })
             if (step + 1) % cfg.eval_every == 0 or last:
                 set_weight_amaxes(model, opt.weight_amax)
-                val = evaluate(step_model, windows, cfg.batch_size, device)
+                val = evaluate(step_model, windows, cfg.batch_size, device, cuda_graphs=graphs)
                 val_losses.append((step + 1, val))
                 metrics.log({"step": step + 1, "val_loss": val})
             if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or last:
