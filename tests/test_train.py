@@ -806,3 +806,27 @@ def test_train_compile_blocks_reaches_compile_model(corpus, cache, tmp_path, mon
                  *cli(corpus, cache, tmp_path)]) == 0
     assert calls == [{"blocks": True}]
     capsys.readouterr()
+
+
+def test_train_compile_mode_reaches_compile_model_and_is_checked(corpus, cache, tmp_path, monkeypatch, capsys):
+    """`train --compile-mode MODE` passes torch.compile's mode on (the compilation itself is
+    replaced here; on a CPU no mode replays CUDA graphs, tests/test_cuda.py trains with them);
+    a mode without compilation, or one torch.compile does not know, is a one-line error."""
+    import fewerbits.train.loop as loop
+
+    calls = []
+    monkeypatch.setattr(loop, "compile_model", lambda model, **kw: calls.append(kw) or model)
+    out = str(tmp_path / "m")
+    assert main(["train", "--recipe", "fp8_blockwise", "--steps", "2", "--compile-blocks", "--compile-mode",
+                 "reduce-overhead", "--grad-accum", "2", "--out", out, *cli(corpus, cache, tmp_path)]) == 0
+    assert calls == [{"blocks": True, "mode": "reduce-overhead"}]
+    assert json.loads((tmp_path / "m" / "checkpoint" / "state.json").read_text())["config"]["compile_mode"] == "reduce-overhead"
+    capsys.readouterr()
+    for extra, message in [
+        (["--compile-mode", "reduce-overhead"], "compile mode 'reduce-overhead' needs compilation"),
+        (["--compile", "--compile-mode", "fastest"], "unknown compile mode 'fastest'; valid modes: default,"),
+    ]:
+        assert main(["train", "--out", str(tmp_path / "e"), *extra, *cli(corpus, cache, tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("fewerbits: error:") and message in err and "\n" not in err, err
+    assert not (tmp_path / "e").exists()

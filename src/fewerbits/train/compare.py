@@ -99,12 +99,8 @@ def compare(cfg: TrainConfig, recipes: list[str], *, jobs: int = 1, echo=print) 
     if interrupted:
         raise KeyboardInterrupt
     device = resolve_device(cfg.device)
-    header = (
-        f"`fewerbits compare --recipes {','.join(recipes)} --preset {cfg.preset} --steps {cfg.steps} "
-        f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --seed {cfg.seed}"
-        + (f" --jobs {jobs}" if jobs > 1 else "")
-        + f"`, {datetime.date.today().isoformat()}, {device_name(device)}, torch {torch.__version__}"
-    )
+    header = (f"`{command_line(cfg, recipes, jobs)}`, {datetime.date.today().isoformat()}, "
+              f"{device_name(device)}, torch {torch.__version__}")
     if jobs > 1:
         header += (f"\n\n{jobs} recipes trained at once on one device: tokens/s and peak memory "
                    "were measured while sharing it (see `fewerbits train` alone for either)")
@@ -114,6 +110,19 @@ def compare(cfg: TrainConfig, recipes: list[str], *, jobs: int = 1, echo=print) 
     echo(table)
     echo(f"\nwrote {out / 'compare.md'} and {out / 'compare.png'}")
     return summaries
+
+
+def command_line(cfg: TrainConfig, recipes: list[str], jobs: int = 1) -> str:
+    """The `fewerbits compare` command that the table's header names: the options that shape the
+    runs' losses, speed and memory (the model, the batches, compilation, processes at once)."""
+    return (
+        f"fewerbits compare --recipes {','.join(recipes)} --preset {cfg.preset} --steps {cfg.steps} "
+        f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --seed {cfg.seed}"
+        + (f" --grad-accum {cfg.grad_accum}" if cfg.grad_accum > 1 else "")
+        + (" --compile" if cfg.compile else "") + (" --compile-blocks" if cfg.compile_blocks else "")
+        + (f" --compile-mode {cfg.compile_mode}" if cfg.compile_mode else "")
+        + (f" --jobs {jobs}" if jobs > 1 else "")
+    )
 
 
 def _finished(run_dir: Path, run_cfg: TrainConfig) -> dict | None:
