@@ -346,6 +346,35 @@ def test_a_training_step_replayed_as_cuda_graphs_trains_as_the_compiled_step(nam
     assert (a - b).abs().max() < moved / 20, losses
 
 
+@pytest.mark.parametrize("name", ["fp8_tensorwise", "fp8_delayed"])
+def test_cuda_graphs_are_recorded_once_and_then_replayed(name, monkeypatch):
+    """Under reduce-overhead the step's compiled blocks record their CUDA graphs in one of the
+    first steps and replay them in every later one. An input that moves between steps makes
+    them record again, each recording step several times as long as a replayed one: the fused
+    AdamW's weight amaxes, new tensors each step, did so under these recipes for up to five
+    steps (docs/kernels-notes.md, v41)."""
+    import torch._inductor.cudagraph_trees as trees
+
+    from fewerbits import bench
+
+    recorded = []
+    record = trees.CUDAGraphTreeManager.record_function
+    monkeypatch.setattr(trees.CUDAGraphTreeManager, "record_function",
+                        lambda self, *a, **k: recorded.append(1) or record(self, *a, **k))
+    torch._dynamo.reset()
+    model = small_llama(name)
+    ids = torch.randint(0, 512, (2, 129), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    step = bench.training_step(model, ids[:, :-1], ids[:, 1:], compile=False, blocks=True,
+                               device=torch.device("cuda"), mode="reduce-overhead")
+    per_step = []
+    for _ in range(7):
+        before = len(recorded)
+        step()
+        per_step.append(len(recorded) - before)
+    torch._dynamo.reset()
+    assert sum(per_step[:2]) > 0 and per_step[2:] == [0] * 5, per_step
+
+
 def trainer_tokens(path):
     """A learnable .bin of token ids (vocabulary 256): a pattern a tiny model picks up in steps."""
     i = np.arange(60_000)

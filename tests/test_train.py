@@ -660,6 +660,34 @@ def test_fused_adamw_finds_each_parameters_amax_as_it_writes_it():
     assert plain.weight_amax(ps[0]) is None and plain.weight_amax(ps[1]) is None
 
 
+def test_fused_adamw_keeps_its_amaxes_at_one_address_from_step_to_step():
+    """While a step updates the same parameters as the last one, the fused AdamW writes their
+    amaxes (and the columns' asked for) where it wrote the last step's: CUDA graphs that take
+    them as inputs record again when an input moves (docs/kernels-notes.md, v41). The values
+    are each step's own; a step that updates fewer parameters writes elsewhere and leaves the
+    one it skipped its last amax."""
+    from fewerbits.train.optim import AdamW
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    ps = [torch.randn(s, device=device, requires_grad=True) for s in [(40, 24), (300,)]]
+    opt = AdamW(ps, lr=1e-2, fused=True)
+    opt.weight_amax(ps[0], dim=0)  # asked before the first step: found from it on
+    where = []
+    for step in range(4):
+        skip = step == 3
+        for i, p in enumerate(ps):
+            p.grad = None if skip and i == 1 else torch.randn_like(p)
+        before = ps[1].detach().abs().amax()
+        opt.step()
+        whole, cols, other = opt.weight_amax(ps[0]), opt.weight_amax(ps[0], dim=0), opt.weight_amax(ps[1])
+        assert torch.equal(whole, ps[0].detach().abs().amax()) and torch.equal(cols, ps[0].detach().abs().amax(0))
+        assert torch.equal(other, ps[1].detach().abs().amax()) and (skip or not torch.equal(other, before))
+        where.append((whole.data_ptr(), cols.data_ptr(), other.data_ptr()))
+    assert where[0] == where[1] == where[2], where
+    assert where[3][:2] != where[2][:2] and where[3][2] == where[2][2], where
+
+
 def test_fused_adamw_finds_the_columns_amaxes_asked_for():
     """AdamW.weight_amax(p, dim=0): a 2-D parameter's amax per column, found by the fused kernel
     (by tiles, with a ragged end both ways) from the step after the first ask, bit for bit

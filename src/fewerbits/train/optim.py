@@ -47,6 +47,7 @@ class AdamW(torch.optim.Optimizer):
         # just after)
         self._amaxes = WeakIdKeyDictionary()
         self._columns_asked = WeakIdKeyDictionary()  # 2-D parameters whose columns' amaxes were asked for
+        self._slot_buffers: dict = {}  # device → (the last step's layout of amax slots, their buffer)
 
     def weight_amax(self, p: torch.Tensor, dim: int | None = None) -> torch.Tensor | None:
         """max |p| (a 0-d fp32 tensor on p's device, NaN if p holds NaN) as the fused kernel
@@ -102,10 +103,19 @@ class AdamW(torch.optim.Optimizer):
         fused = [p for group in self.param_groups for p in group["params"]
                  if p.grad is not None and self._fused_for(p)]
         # the fused kernel's amaxes of the new parameters: one int32 slot each, and one a column
-        # for those whose columns' amaxes were asked for, zeroed at once
+        # for those whose columns' amaxes were asked for, zeroed at once. A buffer laid out as
+        # the last step's is that step's, zeroed again: the amaxes keep their addresses from step
+        # to step, as CUDA graphs that read them need (a new address makes them record again)
         width = {id(p): 1 + (p.shape[1] if p in self._columns_asked and p.dim() == 2 else 0) for p in fused}
-        slots = {dev: torch.zeros(sum(width[id(p)] for p in fused if p.device == dev), dtype=torch.int32, device=dev)
-                 for dev in {p.device for p in fused}}
+        slots = {}
+        for dev in {p.device for p in fused}:
+            layout = tuple((id(p), width[id(p)]) for p in fused if p.device == dev)
+            kept = self._slot_buffers.get(dev)
+            if kept is not None and kept[0] == layout:
+                slots[dev] = kept[1].zero_()
+            else:
+                slots[dev] = torch.zeros(sum(w for _, w in layout), dtype=torch.int32, device=dev)
+                self._slot_buffers[dev] = (layout, slots[dev])
         taken = dict.fromkeys(slots, 0)
         slot_of = {}  # id(parameter) → its slots (amax, then its columns'), for the parameters the kernel updates
         for p in fused:
