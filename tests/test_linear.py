@@ -505,11 +505,14 @@ def test_cached_weight_is_reused_until_the_weight_changes(monkeypatch):
     assert weight_preps() == 4
 
 
+@pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("recipe", ["fp8_tensorwise", "mxfp8", "nvfp4"])
-def test_prepared_weights_enter_compiled_graphs_as_inputs_without_changing_a_bit(recipe):
+def test_prepared_weights_enter_compiled_graphs_as_inputs_without_changing_a_bit(recipe, in_place):
     """prepare_weight quantizes the fprop and dgrad weight operands once, in eager code; a
     compiled graph takes them as inputs (one graph over steps whose weights change), and the
-    micro-batches of each step get the bits of eager mode without them."""
+    micro-batches of each step get the bits of eager mode without them. In place, the second
+    step's operands are written into the first step's tensors (the addresses CUDA graphs
+    recorded); otherwise they are new tensors."""
     from torch._dynamo.utils import counters
 
     def make():
@@ -520,10 +523,12 @@ def test_prepared_weights_enter_compiled_graphs_as_inputs_without_changing_a_bit
     x = torch.randn(2, 16, 64)
 
     def steps(model, forward, prepare):
-        seen = []
+        seen, where = [], []
         for _ in range(2):  # two optimizer steps of two micro-batches
-            layers = [m for m in model if isinstance(m, fb.QuantizedLinear) and prepare and m.prepare_weight()]
+            layers = [m for m in model if isinstance(m, fb.QuantizedLinear) and prepare
+                      and m.prepare_weight(in_place=in_place)]
             assert len(layers) == (2 if prepare else 0)
+            where.append([t.data_ptr() for m in layers for t in m._prepared if t is not None])
             for micro in range(2):
                 xx = (x + micro).requires_grad_()
                 y = forward(xx)
@@ -536,11 +541,13 @@ def test_prepared_weights_enter_compiled_graphs_as_inputs_without_changing_a_bit
                 for p in model.parameters():
                     p.sub_(0.01 * p.grad)
                     p.grad = None
+        assert not prepare or (where[0] == where[1]) == in_place, where
         return seen
 
     eager = make()
     reference = steps(eager, eager, False)
     model = make()
+    torch._dynamo.reset()  # no graph of another parametrization is reused
     compiled = torch.compile(model, backend="aot_eager")
     counters.clear()
     got = steps(model, compiled, True)

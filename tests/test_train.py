@@ -451,8 +451,8 @@ def test_compiled_gradient_accumulation_prepares_each_weight_once_a_step(corpus,
 
     events = []
     real_prepare, real_release = fb.QuantizedLinear.prepare_weight, fb.QuantizedLinear.release_weight
-    def prepare(m):  # noted where there is something to prepare
-        made = real_prepare(m)
+    def prepare(m, **kw):  # noted where there is something to prepare
+        made = real_prepare(m, **kw)
         events.extend(["p"] if made else [])
         return made
 

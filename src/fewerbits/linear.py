@@ -353,6 +353,14 @@ def set_weight_amaxes(model: nn.Module, amax_of=None) -> int:
     return n
 
 
+def _same_layout(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Whether b can be copied into a as it is: both None, or tensors of one shape, stride,
+    dtype and device."""
+    if a is None or b is None:
+        return a is b
+    return a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype and a.device == b.device
+
+
 def _matmul(a, b, out_dtype: torch.dtype, recipe: Recipe, native, gemm: Gemm) -> torch.Tensor:
     """A · Bᵀ for prepared operands (quantized, values, or high-precision matrices) of `gemm`."""
     if isinstance(a, _Values) or isinstance(b, _Values):  # gemm.emulated_matmul's bf16 path
@@ -625,6 +633,7 @@ class QuantizedLinear(nn.Linear):
         self._config = _Config(self.recipe, native, save_quantized_input, self.delayed_scaling,
                                recompute_weight_values)
         self._prepared: tuple = ()  # prepare_weight: the operands' tensors, inputs of the autograd function
+        self._kept: tuple = ()  # prepare_weight(in_place=True): those tensors, kept for the next preparation
         self._prepared_version = -1  # and the weight's version when they were made
         self._weight_amax: torch.Tensor | None = None  # set_weight_amax: the weight's amax,
         self._weight_amax_version = -1  # given, and the weight's version then
@@ -664,14 +673,20 @@ class QuantizedLinear(nn.Linear):
         if not on:
             self._config.weight_cache.clear()
 
-    def prepare_weight(self) -> bool:
+    def prepare_weight(self, *, in_place: bool = False) -> bool:
         """Quantize the weight's fprop and dgrad operands now, for every forward and backward
         until `release_weight`: in compiled graphs too, which take them as inputs instead of
         quantizing the weight again — so the micro-batches of one optimizer step share them
         under gradient accumulation (eager code has `cache_weight` for that). Only where the
         recipe reuses a weight operand (both quantized, rounded to nearest, no delayed-scaling
         amax, no QAT); returns whether it prepared them. The weight must not change before
-        `release_weight`: an eager forward checks its version, a compiled graph cannot."""
+        `release_weight`: an eager forward checks its version, a compiled graph cannot.
+
+        in_place=True writes the operands into the tensors of the last in-place preparation,
+        kept since (allocated between `release_weight` and the next preparation), where their
+        shapes and dtypes still match: compiled graphs take a module's tensors as inputs at
+        fixed addresses, and CUDA graphs record again when one moves, as operands made afresh
+        each step would. The bits are the same either way."""
         r, cfg = self.recipe, self._config
         ops = ((r.fprop.b, r.fprop, 1), (r.dgrad.b, r.dgrad, 0))
         if (r.weight_qat is not None or self.delayed_scaling is not None
@@ -688,7 +703,14 @@ class QuantizedLinear(nn.Linear):
         if cfg.prepared != shells:  # kept when equal: a compiled graph guards on this object
             cfg.prepared = shells
         self._prepared_version = self.weight._version
-        self._prepared = tuple(t for q in made for t in (q.data, q.scale, q.tensor_scale))
+        fresh = tuple(t for q in made for t in (q.data, q.scale, q.tensor_scale))
+        if in_place and len(self._kept) == len(fresh) and all(map(_same_layout, self._kept, fresh)):
+            for old, new in zip(self._kept, fresh):
+                if old is not None:
+                    old.copy_(new)
+            fresh = self._kept
+        self._kept = fresh if in_place else ()
+        self._prepared = fresh
         return True
 
     def release_weight(self) -> None:

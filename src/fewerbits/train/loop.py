@@ -157,10 +157,11 @@ def set_weight_cache(model: nn.Module, on: bool) -> list:
     return list(zip(layers, before))
 
 
-def prepare_weights(model: nn.Module) -> list:
-    """QuantizedLinear.prepare_weight on every layer whose recipe reuses its weight operands;
-    returns those layers (each to be released before its weight changes)."""
-    return [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.prepare_weight()]
+def prepare_weights(model: nn.Module, in_place: bool = False) -> list:
+    """QuantizedLinear.prepare_weight on every layer whose recipe reuses its weight operands
+    (`in_place`: into the last step's tensors, for CUDA graphs); returns those layers (each to
+    be released before its weight changes)."""
+    return [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.prepare_weight(in_place=in_place)]
 
 
 @torch.no_grad()
@@ -285,7 +286,8 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
             # the weights' amaxes as the fused AdamW found them writing the weights (per-tensor
             # quantizers then read no weight for them), before the weights are prepared
             set_weight_amaxes(model, opt.weight_amax)
-            prepared = prepare_weights(model) if compiled and cfg.grad_accum > 1 else []
+            # (under CUDA graphs into the last step's tensors: a graph's inputs stay where they were)
+            prepared = prepare_weights(model, in_place=graphs) if compiled and cfg.grad_accum > 1 else []
             ours = set()  # data pointers of gradients copied out of the CUDA graphs' memory
             for micro in range(cfg.grad_accum):
                 x, y = (t.to(device) for t in batch(data.train, cfg.batch_size, cfg.seq_len, cfg.seed, step, micro))
