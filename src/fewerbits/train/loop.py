@@ -168,7 +168,7 @@ def prepare_weights(model: nn.Module, in_place: bool = False) -> list:
 def evaluate(model, windows, batch_size: int, device, cuda_graphs: bool = False) -> float:
     """Mean cross-entropy over fixed validation windows (no state is updated); the quantized
     weights are prepared once for all windows. With `cuda_graphs` (a model compiled in a mode
-    that replays them) each batch begins a new replay: the previous batch's outputs are read."""
+    that replays them) each batch begins a new replay, the previous batch's loss being read."""
     was_training = model.training
     model.eval()
     previous = set_weight_cache(model, True)
