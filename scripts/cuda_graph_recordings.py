@@ -4,7 +4,11 @@ cudagraph trees counted step by step.
 
     PYTHONPATH=src python3 scripts/cuda_graph_recordings.py [--preset small] [--seq-len 1024]
         [--batch-size 4] [--recipes bf16 fp8_tensorwise fp8_delayed fp8_blockwise] [--steps 9]
-        [--mode reduce-overhead]
+        [--mode reduce-overhead] [--train [--grad-accum 2]]
+
+With --train it runs the trainer itself (`fewerbits.train.train`, compiled block by block, on
+generated token ids, gradient accumulation as asked) and counts per optimizer step, the time
+being the trainer's own (tokens per step over its tokens/s).
 
 Each line: the recipe, then per step its wall time (ms, the GPU synchronized after it), the
 graphs recorded in it (r) and the functions warmed up (w). A step records once, early
@@ -16,7 +20,12 @@ r > 0 and the time of a recording step (docs/kernels-notes.md, v41). Needs a CUD
 
 import argparse
 import collections
+import json
+import tempfile
 import time
+from pathlib import Path
+
+import numpy as np
 
 import torch
 import torch._inductor.cudagraph_trees as trees
@@ -39,6 +48,38 @@ def count_calls(counts: collections.Counter) -> None:
         setattr(trees.CUDAGraphTreeManager, name, counted)
 
 
+def trainer_rows(recipe: str, args, counts: collections.Counter) -> list[str]:
+    """One cell per optimizer step of `fewerbits.train.train`: ms, recordings, warm-ups."""
+    from fewerbits.train import TrainConfig, train
+    from fewerbits.train.optim import AdamW
+
+    seen = []
+    step = AdamW.step
+
+    def counted_step(self, *a, **k):  # the counts of the step's micro-batches, then the update
+        seen.append((counts["record_function"], counts["run_eager"]))
+        counts.clear()
+        return step(self, *a, **k)
+
+    AdamW.step = counted_step
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            i = np.arange(400_000)
+            (i * 7 % 251 + i // 97 % 5).astype(np.uint16).tofile(Path(tmp) / "tokens.bin")
+            counts.clear()
+            train(TrainConfig(recipe=recipe, preset=args.preset, data=str(Path(tmp) / "tokens.bin"),
+                              vocab_size=256, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                              grad_accum=args.grad_accum, compile_blocks=True, compile_mode=args.mode,
+                              eval_every=10**6, eval_windows=args.batch_size, log_every=1, checkpoint_every=0,
+                              progress=False, tensorboard=False, out=str(Path(tmp) / "run"), device="cuda"))
+            rows = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+    finally:
+        AdamW.step = step
+    tokens = args.batch_size * args.seq_len * args.grad_accum
+    rates = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
+    return [f"{tokens / rate * 1e3:.0f}ms/r{r}/w{w}" for rate, (r, w) in zip(rates, seen)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small")
@@ -47,6 +88,8 @@ def main() -> None:
     ap.add_argument("--recipes", nargs="+", default=["bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise"])
     ap.add_argument("--steps", type=int, default=9)
     ap.add_argument("--mode", default="reduce-overhead")
+    ap.add_argument("--train", action="store_true", help="count in the trainer's steps instead")
+    ap.add_argument("--grad-accum", type=int, default=2, help="micro-batches a step, with --train")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("cuda_graph_recordings.py needs a CUDA device")
@@ -55,6 +98,9 @@ def main() -> None:
     count_calls(counts)
     for recipe in args.recipes:
         torch._dynamo.reset()
+        if args.train:
+            print(recipe, "trainer", " ".join(trainer_rows(recipe, args, counts)), flush=True)
+            continue
         cfg = get_preset(args.preset, 32000)
         torch.manual_seed(0)
         model = Llama(cfg).to(device)
