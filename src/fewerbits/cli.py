@@ -11,7 +11,7 @@ import sys
 import torch
 
 from . import __version__
-from .convert import COMPILE_MODES
+from .convert import COMPILE_MODES, compile_options
 from .formats import FORMATS
 from .hardware import device_name, native_matmul, resolve_device
 
@@ -253,8 +253,7 @@ def _bench_command(args) -> str:
     if args.what == "linear":
         return "bench linear --shapes " + " ".join("x".join(map(str, s)) for s in args.shapes)
     return (f"bench train --preset {args.preset} --batch-size {args.batch_size} --seq-len {args.seq_len}"
-            + (" --compile" if args.compile else "") + (" --compile-blocks" if args.compile_blocks else "")
-            + (f" --compile-mode {args.compile_mode}" if args.compile_mode else "")
+            + compile_options(args.compile, args.compile_blocks, args.compile_mode)
             + (f" --peer {args.peer}" if args.peer else "") + (f" --repeats {args.repeats}" if args.repeats > 1 else ""))
 
 

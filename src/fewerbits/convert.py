@@ -196,6 +196,12 @@ def convert(
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+def compile_options(compile: bool, blocks: bool, mode: str | None) -> str:
+    """The command-line options that ask for this compilation (each with a leading space)."""
+    return ((" --compile" if compile else "") + (" --compile-blocks" if blocks else "")
+            + (f" --compile-mode {mode}" if mode else ""))
+
+
 def check_compile_mode(mode: str | None, compiled: bool) -> None:
     """A clear error for a torch.compile mode that is unknown or given without compilation."""
     if mode is None:

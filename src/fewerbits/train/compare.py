@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..convert import compile_options
 from ..hardware import device_name, resolve_device
 from ..recipes import get_recipe
 from . import checkpoint as ckpt
@@ -119,8 +120,7 @@ def command_line(cfg: TrainConfig, recipes: list[str], jobs: int = 1) -> str:
         f"fewerbits compare --recipes {','.join(recipes)} --preset {cfg.preset} --steps {cfg.steps} "
         f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --seed {cfg.seed}"
         + (f" --grad-accum {cfg.grad_accum}" if cfg.grad_accum > 1 else "")
-        + (" --compile" if cfg.compile else "") + (" --compile-blocks" if cfg.compile_blocks else "")
-        + (f" --compile-mode {cfg.compile_mode}" if cfg.compile_mode else "")
+        + compile_options(cfg.compile, cfg.compile_blocks, cfg.compile_mode)
         + (f" --jobs {jobs}" if jobs > 1 else "")
     )
 

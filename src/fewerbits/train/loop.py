@@ -281,12 +281,12 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
             for group in opt.param_groups:
                 group["lr"] = lr
             loss_value = 0.0
-            # compiled graphs do not look into the weight cache: they take the step's quantized
-            # weights as inputs, made here once for all its micro-batches
             # the weights' amaxes as the fused AdamW found them writing the weights (per-tensor
             # quantizers then read no weight for them), before the weights are prepared
             set_weight_amaxes(model, opt.weight_amax)
-            # (under CUDA graphs into the last step's tensors: a graph's inputs stay where they were)
+            # compiled graphs do not look into the weight cache: they take the step's quantized
+            # weights as inputs, made here once for all its micro-batches (under CUDA graphs into
+            # the last step's tensors: a graph's inputs stay where they were)
             prepared = prepare_weights(model, in_place=graphs) if compiled and cfg.grad_accum > 1 else []
             ours = set()  # data pointers of gradients copied out of the CUDA graphs' memory
             for micro in range(cfg.grad_accum):
