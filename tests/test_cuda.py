@@ -424,6 +424,37 @@ def test_the_trainer_accumulates_gradients_across_cuda_graph_replays(name, tmp_p
         assert len(la) == len(lb) == n and (la - lb).abs().max() < fell / 20, (key, la, lb)
 
 
+@pytest.mark.parametrize("name", ["fp8_tensorwise", "fp8_blockwise"])
+def test_the_trainer_records_its_cuda_graphs_once(name, tmp_path, monkeypatch):
+    """The trainer under reduce-overhead with gradient accumulation records its graphs in the
+    first steps and replays them after: an operand prepared once a step for the micro-batches
+    (`prepare_weight`) or an amax that moved would make the blocks record again in every step
+    (docs/kernels-notes.md, v40–v42)."""
+    import torch._inductor.cudagraph_trees as trees
+
+    from fewerbits.train import TrainConfig, train
+    from fewerbits.train.optim import AdamW
+
+    recorded, per_step = [], []
+    record = trees.CUDAGraphTreeManager.record_function
+    monkeypatch.setattr(trees.CUDAGraphTreeManager, "record_function",
+                        lambda self, *a, **k: recorded.append(1) or record(self, *a, **k))
+    step = AdamW.step
+
+    def counted(self, *a, **k):  # the recordings of this step's micro-batches
+        per_step.append(len(recorded) - sum(per_step))
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(AdamW, "step", counted)
+    torch._dynamo.reset()
+    train(TrainConfig(recipe=name, preset="tiny", data=trainer_tokens(tmp_path / "tokens.bin"), vocab_size=256,
+                      steps=7, batch_size=4, seq_len=64, grad_accum=2, compile_blocks=True,
+                      compile_mode="reduce-overhead", eval_every=10**6, eval_windows=4, checkpoint_every=0,
+                      progress=False, tensorboard=False, out=str(tmp_path / "run"), device="cuda"))
+    torch._dynamo.reset()
+    assert len(per_step) == 7 and sum(per_step[:2]) > 0 and per_step[2:] == [0] * 5, per_step
+
+
 def test_conversion_keeps_what_native_fp8_cannot_take():
     model = nn.Sequential(nn.Linear(1024, 1000), nn.GELU(), nn.Linear(1000, 1024), nn.Linear(1024, 128)).cuda()
     report = fb.convert(model, "fp8_blockwise")
