@@ -230,3 +230,33 @@ def test_native_fp8_codes_are_the_reference_codes(name, rng):
     oracle = np.clip(x[finite], -fmt.max, fmt.max).astype(ORACLE[name]).view(np.uint8)
     assert np.array_equal(got.numpy()[finite], oracle)
     assert got[torch.isnan(v) & torch.signbit(v)].unique().tolist() == [fmt.nan_code | 0x80]
+
+
+def test_device_constants_are_built_once_by_another_thread():
+    """A CUDA constant is built by a thread of its own, so that one first asked for inside a
+    function that inductor replays as CUDA graphs does not land in the graphs' memory pool, which
+    takes every allocation of the calling thread during the function's first calls (the helper
+    runs on a CPU device here; tests/test_cuda.py trains mxfp4 and nvfp4 under the graphs)."""
+    import threading
+
+    from fewerbits.rounding import _built_apart, device_constant
+
+    seen = []
+
+    def make():
+        seen.append(threading.get_ident())
+        return torch.arange(4, dtype=torch.float32)
+
+    got = _built_apart(make, torch.device("cpu"))
+    assert torch.equal(got, torch.arange(4.0)) and seen and seen[0] != threading.get_ident()
+    with torch.inference_mode():  # the thread builds it outside inference mode, as before
+        assert not _built_apart(make, torch.device("cpu")).is_inference()
+
+    def fails():
+        raise ValueError("no table")
+
+    with pytest.raises(ValueError, match="no table"):  # raised in the caller's thread
+        _built_apart(fails, torch.device("cpu"))
+    key = ("a test constant", len(seen))
+    first = device_constant(key, make, torch.device("cpu"))
+    assert device_constant(key, make, torch.device("cpu")) is first and len(seen) == 3

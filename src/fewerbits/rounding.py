@@ -50,6 +50,7 @@ after a clamp that makes it saturate (`native_fp8_codes`, the same bits).
 from __future__ import annotations
 
 import math
+import threading
 from typing import Literal
 
 import torch
@@ -72,6 +73,8 @@ def device_constant(key, make, device: torch.device) -> torch.Tensor:
     for the whole stream; the hot paths (scale constants, code tables, Hadamard matrices) take
     their constants from here instead. Callers must not modify the result in place. While a
     graph is being traced the tensor is built afresh (the compiler folds it as a constant).
+    A CUDA constant is built by another thread (`_built_apart`), so that one first asked for
+    inside a compiled graph that CUDA graphs replay does not land in their memory pool.
     """
     if torch.compiler.is_compiling():
         return make().to(device)
@@ -80,10 +83,43 @@ def device_constant(key, make, device: torch.device) -> torch.Tensor:
         device = torch.device("cuda", torch.cuda.current_device())
     found = _CONSTANTS.get((key, device))
     if found is None:
-        with torch.inference_mode(False):  # usable by autograd later, whatever mode built it
-            found = make().to(device)
+        found = _built_apart(make, device) if device.type == "cuda" else _built(make, device)
         _CONSTANTS[(key, device)] = found
     return found
+
+
+def _built(make, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):  # usable by autograd later, whatever mode built it
+        return make().to(device)
+
+
+def _built_apart(make, device: torch.device) -> torch.Tensor:
+    """`make()` on `device`, built by a thread of its own on a stream of its own, finished
+    before this returns. Inductor's CUDA graphs (torch.compile's reduce-overhead) run a
+    function's first calls with every allocation of the calling thread going to the graphs'
+    pool, and fail when a tensor made there outlives the call without being an output ("tensor(s)
+    in the cudagraph pool not tracked as outputs"): a cached constant would be one. Another
+    thread allocates from the ordinary pool."""
+    out: list = []
+
+    def run():
+        try:
+            if device.type != "cuda":
+                out.append(_built(make, device))
+                return
+            stream = torch.cuda.Stream(device)
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                out.append(_built(make, device))
+            stream.synchronize()  # the copy done before any stream of the caller reads it
+        except BaseException as e:  # raised again in the caller's thread
+            out.append(e)
+
+    thread = threading.Thread(target=run, name="fewerbits-constant")
+    thread.start()
+    thread.join()
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
 
 
 def check_float_tensor(x: torch.Tensor, what: str = "x") -> None:
