@@ -61,7 +61,6 @@ def phases(recipe: str, model_cfg, x, y, args, device) -> dict[str, float]:
         mark("end", "opt peak")
     got["peak"] = max(got["fwd peak"], got["bwd peak"], got["opt peak"])
     got["saved"] = got["bwd start"] - got["held"]
-    got["params (G)"] = sum(p.numel() for p in params) / 1e9
     del step_model, model, opt, params
     return got
 
