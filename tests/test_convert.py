@@ -457,6 +457,41 @@ def test_compile_model_gives_eager_bits_through_inductor():
     torch._dynamo.reset()
 
 
+def test_a_token_count_that_native_fp8_cannot_take_leaves_the_compiled_graph_general(monkeypatch):
+    """Whether a GEMM runs natively depends on its sizes (cuBLAS's FP8 kernels want K and N
+    multiples of 16, and the weight gradient's K is the token count), and deciding it must not
+    format a size into the message it would give: in a compiled graph whose token count is
+    dynamic (an MoE's experts see another count at every call), formatting one made dynamo
+    specialise the graph to that count, and torch 2.11 then failed to trace the quantized
+    Linear (an AssertionError on an H200, and on a CPU). Here the device check is passed over,
+    so that the size checks run and torch._scaled_mm takes the per-tensor GEMMs on a CPU: a
+    compiled fp8_tensorwise Linear fed five token counts compiles three graphs (the first count;
+    then dynamic counts that are multiples of 16; then the others), with eager mode's bits."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from fewerbits import gemm
+
+    monkeypatch.setattr(gemm, "_device_reason", lambda dev: None)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32, bias=False))
+    fb.convert(model, "fp8_tensorwise", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter)
+    for n in (48, 96, 64, 40, 24):  # 40 and 24 are not multiples of 16: wgrad runs emulated
+        x = torch.randn(n, 64, dtype=torch.bfloat16)
+        outs = []
+        for run in (model, compiled):
+            xr = x.clone().requires_grad_()
+            out = run(xr)
+            out.float().square().sum().backward()
+            outs.append((out, xr.grad, model[0].weight.grad))
+            model.zero_grad(set_to_none=True)
+        assert all(torch.equal(e, c) for e, c in zip(*outs)), n
+    assert counter.frame_count == 3, counter.frame_count
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("scheme", ["fp8_e4m3_tensor", "fp8_e4m3_1x128", "mxfp8_e4m3", "nvfp4"])
 @pytest.mark.parametrize("axis", [1, 0])
 def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme, axis):

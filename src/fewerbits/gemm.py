@@ -62,38 +62,57 @@ def scheme_kind(s) -> str | None:
 
 def native_reason(a: QuantizedTensor, b: QuantizedTensor) -> str | None:
     """Why a · bᵀ cannot run natively here (None if it can)."""
-    dev = a.device
-    if dev.type != "cuda":
-        return f"device {dev} has no FP8 matrix units (native FP8 needs a CUDA GPU of capability 9.x)"
-    cap = torch.cuda.get_device_capability(dev)
-    if cap[0] != 9:  # (the name only here: torch.compile cannot trace a call that returns a str)
-        name = torch.cuda.get_device_name(dev)
-        return f"{name} (sm_{cap[0]}{cap[1]}) is not a Hopper GPU; fewerbits' native FP8 paths are measured on sm_90"
+    why = _why_not_native(a, b)
+    return None if why is None else why[0].format(**why[1])
+
+
+def _why_not_native(a: QuantizedTensor, b: QuantizedTensor) -> tuple[str, dict] | None:
+    """`native_reason` as a message template and its values, formatted only where the message is
+    shown: in a compiled graph a token count is a symbolic size, and formatting it into a
+    string would make dynamo specialise the graph to that one count (torch 2.11: the recompiled
+    quantized Linear then failed to trace its autograd function)."""
+    why = _device_reason(a.device)
+    if why is not None:
+        return why
     ka, kb = _kind(a), _kind(b)
     pair = (ka, kb)
     elems = (a.scheme.elem.name, b.scheme.elem.name)
     if None in pair:
-        return f"no native kernel for {a.scheme.name} × {b.scheme.name}"
+        return "no native kernel for {a} × {b}", {"a": a.scheme.name, "b": b.scheme.name}
     (m, k), (n, k2) = a.matrix_shape, b.matrix_shape
     if k != k2:
         raise ValueError(f"inner dimensions differ: {a.matrix_shape} · {b.matrix_shape}ᵀ")
     if pair == ("tensor", "tensor"):
         if elems == ("fp8_e5m2", "fp8_e5m2"):
-            return "cuBLAS has no E5M2 × E5M2 kernel"
+            return "cuBLAS has no E5M2 × E5M2 kernel", {}
         if k % 16 or n % 16:
-            return f"K={k} and N={n} must be multiples of 16 for torch._scaled_mm"
+            return "K={k} and N={n} must be multiples of 16 for torch._scaled_mm", {"k": k, "n": n}
         return None
     if "fp8_e5m2" in elems:
-        return f"{ka} × {kb} scaling takes E4M3 operands only"
+        return "{ka} × {kb} scaling takes E4M3 operands only", {"ka": ka, "kb": kb}
     if pair == ("row", "row"):
-        return f"K={k} and N={n} must be multiples of 16 for torch._scaled_mm" if k % 16 or n % 16 else None
+        if k % 16 or n % 16:
+            return "K={k} and N={n} must be multiples of 16 for torch._scaled_mm", {"k": k, "n": n}
+        return None
     if pair in (("1x128", "128x128"), ("1x128", "1x128")):
         if not _BLOCKWISE_MM:
-            return f"torch {torch.__version__} has no blockwise scaled matmul (aten._scaled_mm_v2)"
+            return "torch {v} has no blockwise scaled matmul (aten._scaled_mm_v2)", {"v": torch.__version__}
         if k % 128 or n % 128 or m % 128:
-            return f"M={m}, N={n} and K={k} must be multiples of 128 for blockwise FP8"
+            return "M={m}, N={n} and K={k} must be multiples of 128 for blockwise FP8", {"m": m, "n": n, "k": k}
         return None
-    return f"no native kernel for {ka} × {kb} scaling"
+    return "no native kernel for {ka} × {kb} scaling", {"ka": ka, "kb": kb}
+
+
+def _device_reason(dev: torch.device) -> tuple[str, dict] | None:
+    """Why `dev` takes no native FP8 GEMM (`_why_not_native`'s form), or None on a Hopper GPU."""
+    if dev.type != "cuda":
+        return "device {dev} has no FP8 matrix units (native FP8 needs a CUDA GPU of capability 9.x)", {"dev": dev}
+    cap = torch.cuda.get_device_capability(dev)
+    if cap[0] != 9:  # (the name only here: torch.compile cannot trace a call that returns a str)
+        name = torch.cuda.get_device_name(dev)
+        return ("{name} (sm_{major}{minor}) is not a Hopper GPU; fewerbits' native FP8 paths are measured on sm_90",
+                {"name": name, "major": cap[0], "minor": cap[1]})
+    return None
 
 
 def scaled_matmul(
@@ -113,11 +132,10 @@ def scaled_matmul(
     if native not in ("auto", True, False):
         raise ValueError(f"native must be 'auto', True or False, not {native!r}")
     if native is not False:
-        reason = native_reason(a, b)
-        if reason is None:
+        if _why_not_native(a, b) is None:
             return _native(a, b, out_dtype, fast_accum)
         if native is True:
-            raise RuntimeError(f"native scaled matmul unavailable: {reason}; use native=False to emulate")
+            raise RuntimeError(f"native scaled matmul unavailable: {native_reason(a, b)}; use native=False to emulate")
     return emulated_matmul(a, b, out_dtype)
 
 
