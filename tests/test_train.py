@@ -836,6 +836,22 @@ def test_train_compile_blocks_reaches_compile_model(corpus, cache, tmp_path, mon
     capsys.readouterr()
 
 
+def test_an_moe_model_under_cuda_graphs_gets_a_note(corpus, cache, tmp_path, monkeypatch, capsys):
+    """Under a mode that replays CUDA graphs an MoE model trains slower than without it (its
+    experts' token counts change at every call): `train` says so in one line, and only for
+    MoE models (the compilation and the graphs are replaced here, on a CPU)."""
+    import fewerbits.train.loop as loop
+
+    monkeypatch.setattr(loop, "compile_model", lambda model, **kw: model)
+    monkeypatch.setattr(loop, "replays_cuda_graphs", lambda compiled, device, mode: compiled and bool(mode))
+    for preset, noted in (("tiny-moe", True), ("tiny", False)):
+        out = str(tmp_path / preset)
+        assert main(["train", "--recipe", "bf16", "--preset", preset, "--steps", "1", "--compile-blocks",
+                     "--compile-mode", "reduce-overhead", "--out", out, *cli(corpus, cache, tmp_path)]) == 0
+        lines = [line for line in capsys.readouterr().out.splitlines() if "MoE models train slower" in line]
+        assert len(lines) == noted, (preset, lines)
+
+
 def test_train_compile_mode_reaches_compile_model_and_is_checked(corpus, cache, tmp_path, monkeypatch, capsys):
     """`train --compile-mode MODE` passes torch.compile's mode on (the compilation itself is
     replaced here; on a CPU no mode replays CUDA graphs, tests/test_cuda.py trains with them);

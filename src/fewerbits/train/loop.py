@@ -187,6 +187,19 @@ def evaluate(model, windows, batch_size: int, device, cuda_graphs: bool = False)
     return total / count
 
 
+def replays_cuda_graphs(compiled: bool, device: torch.device, mode: str | None) -> bool:
+    """Whether the compiled step runs as CUDA graphs (a compiled model, a CUDA device, a mode
+    that replays them)."""
+    return compiled and device.type == "cuda" and uses_cuda_graphs(mode)
+
+
+def moe_graphs_note(mode: str) -> str:
+    """The note for an MoE model compiled in a mode that replays CUDA graphs."""
+    return (f"note: --compile-mode {mode} replays CUDA graphs, and an MoE's experts see another token count "
+            "at every call, for which graphs are recorded anew or not used: MoE models train slower under it "
+            "(bf16 on small-moe: 0.41x the tokens/s without it on an H200; docs/recipes.md)")
+
+
 def build(cfg: TrainConfig, data: TokenData, device: torch.device):
     """The model (seeded fp32 init, moved to device, recipe applied) and its conversion report."""
     model_cfg = get_preset(cfg.preset, data.vocab_size)
@@ -259,7 +272,9 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
     compiled = cfg.compile or cfg.compile_blocks
     how = {"mode": cfg.compile_mode} if cfg.compile_mode else {}
     step_model = compile_model(model, blocks=cfg.compile_blocks, **how) if compiled else model
-    graphs = compiled and device.type == "cuda" and uses_cuda_graphs(cfg.compile_mode)
+    graphs = replays_cuda_graphs(compiled, device, cfg.compile_mode)
+    if graphs and model_cfg.n_experts:
+        log(moe_graphs_note(cfg.compile_mode))
     windows = eval_windows(data.val, cfg.eval_windows, cfg.seq_len)
     params = [p for p in model.parameters() if p.requires_grad]
     progress = Progress(cfg.steps, f"{recipe.name} ", cfg.progress)
