@@ -94,8 +94,8 @@ def _built(make, device: torch.device) -> torch.Tensor:
 
 
 def _built_apart(make, device: torch.device) -> torch.Tensor:
-    """`make()` on `device`, built by a thread of its own on a stream of its own, finished
-    before this returns. Inductor's CUDA graphs (torch.compile's reduce-overhead) run a
+    """`make()` on `device`, built by a thread of its own (on a CUDA device, on a stream of its
+    own as well), finished before this returns; a CPU device is taken too, for the tests. Inductor's CUDA graphs (torch.compile's reduce-overhead) run a
     function's first calls with every allocation of the calling thread going to the graphs'
     pool, and fail when a tensor made there outlives the call without being an output ("tensor(s)
     in the cudagraph pool not tracked as outputs"): a cached constant would be one. Another
