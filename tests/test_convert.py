@@ -516,6 +516,30 @@ def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme, axis):
                        ref.scale.view(torch.uint8) if ref.scale.dtype == torch.uint8 else ref.scale.view(torch.int32))
 
 
+@pytest.mark.parametrize("scheme", ["fp8_e4m3_1x128", "fp8_e4m3_128x128", "mxfp8_e4m3"])
+def test_a_dynamic_token_count_within_one_block_quantizes_to_the_same_bits(scheme):
+    """Quantized along the tokens (the weight gradient's operands), a compiled quantizer meets
+    one token count after another, as an MoE's experts do: the second count makes the graph
+    dynamic, and a count within one block makes the number of blocks along the tokens a
+    symbolic size that only a guard holds at 1. With those amaxes blocked, inductor indexed them
+    by each element's column instead of its block (at 77 tokens 16,735 of 19,712 codes of
+    fp8_e4m3_1x128 were wrong; docs/kernels-notes.md, v45), and so did the dequantization
+    compiled with it (mxfp8 at 20 tokens)."""
+    torch._dynamo.reset()
+
+    def q(t):
+        out = fb.quantize(t, scheme, axis=0)
+        return out.data, out.scale, out.dequantize_matrix()
+
+    compiled = torch.compile(q)
+    for n in (512, 530, 77, 20):  # 77 and 20 fit in one block of 128 (20 in one of 32)
+        x = torch.randn(n, 256, generator=torch.Generator().manual_seed(n)).bfloat16() * 3
+        ref = fb.quantize(x, scheme, axis=0)
+        for got, want in zip(compiled(x), (ref.data, ref.scale, ref.dequantize_matrix())):
+            assert torch.equal(got, want), n
+    torch._dynamo.reset()
+
+
 def test_compile_model_asks_inductor_for_eager_rounding(monkeypatch):
     """compile_model passes inductor the options that make compiled quantizers see eager mode's
     values — rounding where the program casts, correctly rounded division under this torch's
