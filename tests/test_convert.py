@@ -186,6 +186,28 @@ def two_linears(recipe: str, device: str = "cpu") -> nn.Module:
     return model
 
 
+@pytest.mark.parametrize("name", ["fp8_tensorwise", "fp8_delayed", "fp8_rowwise", "fp8_blockwise", "mxfp8",
+                                  "mxfp4", "nvfp4"])
+def test_an_empty_batch_passes_through_a_converted_linear(name):
+    """A batch of no tokens (an MoE expert that got none) gives an empty output, zero gradients
+    and no amax in delayed scaling's history, as nn.Linear would (fp8_tensorwise's backward
+    and fp8_delayed's forward once failed on it)."""
+    model = two_linears(name)
+    model[0].bias = nn.Parameter(torch.ones(1024))
+    states = [m.delayed_scaling for m in model]
+    history = [{k: v.clone() for k, v in s.state_dict().items()} if s is not None else None for s in states]
+    x = torch.randn(0, 512, dtype=torch.bfloat16, requires_grad=True)
+    out = model(x)
+    out.float().square().sum().backward()
+    assert out.shape == (0, 512) and out.dtype == torch.bfloat16 and x.grad.shape == (0, 512)
+    for p in model.parameters():
+        assert p.grad is not None and p.grad.shape == p.shape and not p.grad.any()
+    assert (name == "fp8_delayed") == all(s is not None for s in states)
+    for s, before in zip(states, history):
+        if s is not None:
+            assert all(torch.equal(v, before[k]) for k, v in s.state_dict().items())
+
+
 def eager_then_compiled(model: nn.Module, x: torch.Tensor, before=None, between=None):
     """(eager output, its gradients, compiled output, its gradients) for the loss sum(output²),
     eagerly and then through fb.compile_model; the gradients are x's (where x needs one), then

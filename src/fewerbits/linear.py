@@ -778,6 +778,10 @@ class QuantizedLinear(nn.Linear):
         return self._weight_amax
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:  # an empty batch (an expert that got no tokens): no operand to
+            # quantize, no amax to record; the output is empty and the gradients are zeros
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return nn.functional.linear(x, self.weight.to(x.dtype), bias)
         if self.delayed_scaling is not None:
             self.delayed_scaling.recording = self.training and torch.is_grad_enabled()
         self._config.grad_enabled = torch.is_grad_enabled()  # (the autograd function's forward runs without)
