@@ -562,6 +562,42 @@ def test_a_dynamic_token_count_within_one_block_quantizes_to_the_same_bits(schem
     torch._dynamo.reset()
 
 
+_SYMBOLIC_SCALES = torch.library.Library("fewerbits_test", "DEF")
+_SYMBOLIC_SCALES.define("column_codes(Tensor x, str scheme) -> (Tensor, Tensor)")
+_SYMBOLIC_SCALES.impl("column_codes", lambda x, scheme: tuple(t.clone() for t in (
+    lambda q: (q.data, q.scale))(fb.quantize(x, scheme, axis=0))), "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("fewerbits_test::column_codes", lib=_SYMBOLIC_SCALES)
+def _column_codes_fake(x, scheme):
+    from fewerbits.kernels import _rowblock_codes_fake
+
+    return _rowblock_codes_fake(x, scheme, fb.get_scheme(scheme).scale_rule, None, None, True)
+
+
+@pytest.mark.parametrize("scheme", ["fp8_e4m3_1x128", "fp8_e4m3_128x128", "mxfp8_e4m3"])
+def test_scales_counted_symbolically_dequantize_to_the_same_values(scheme):
+    """On a GPU a compiled graph takes the column-wise codes of a weight gradient's operands
+    from an operator (`fewerbits::rowblock_codes`), whose scales count the blocks along the
+    tokens symbolically: a count that only a guard makes 1 where the tokens fit in one block.
+    Broadcast from that dimension, inductor read each element's scale at its column instead of
+    its block (the H200's compiled MoE experts: wrong weight gradients below 128 tokens, then
+    NaN; docs/kernels-notes.md, v46). Here an operator with the kernel operator's shapes and
+    the reference's bits, compiled on a CPU, and the dequantization compiled after it: eager
+    mode's values at every count (77 and 20 failed before)."""
+    torch._dynamo.reset()
+
+    def values(t):
+        codes, scales = torch.ops.fewerbits_test.column_codes(t, scheme)
+        return fb.QuantizedTensor(codes, scales, fb.get_scheme(scheme), t.shape, 0).dequantize_matrix()
+
+    compiled = torch.compile(values)
+    for n in (512, 530, 77, 20, 300):
+        x = torch.randn(n, 256, generator=torch.Generator().manual_seed(n)).bfloat16() * 3
+        assert torch.equal(compiled(x), fb.quantize(x, scheme, axis=0).dequantize_matrix()), n
+    torch._dynamo.reset()
+
+
 def test_compile_model_asks_inductor_for_eager_rounding(monkeypatch):
     """compile_model passes inductor the options that make compiled quantizers see eager mode's
     values — rounding where the program casts, correctly rounded division under this torch's

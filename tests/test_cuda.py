@@ -228,16 +228,18 @@ def test_compiled_linears_take_token_counts_that_native_fp8_cannot(name):
     dynamic size, and where it is no multiple of 16 (of 128 for blockwise) the weight-gradient
     GEMM runs emulated: deciding so once formatted the count into a message, which specialised
     the graph, and torch 2.11's dynamo then failed to trace the quantized Linear (an
-    AssertionError at 3000 tokens, on the H200; docs/kernels-notes.md, v44). Five counts in
-    turn, compiled against eager mode: the same output and gradients up to the order of fp32
-    sums."""
+    AssertionError at 3000 tokens, on the H200; docs/kernels-notes.md, v44). Below 128 tokens
+    the column-wise 1x128 codes hold one block along the tokens, which the operator's scales
+    count symbolically: their dequantization read each element's scale at its column (wrong
+    weight gradients, then NaN; v46). Seven counts in turn, compiled against eager mode: the
+    same output and gradients up to the order of fp32 sums."""
     from test_convert import two_linears
 
     torch._dynamo.reset()
     model = two_linears(name, "cuda")
     compiled = fb.compile_model(model)
     rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
-    for n in (1024, 2048, 1536, 3000, 777):
+    for n in (1024, 2048, 1536, 3000, 777, 100, 20):
         x = torch.randn(n, 512, device="cuda", dtype=torch.bfloat16)
         runs = []
         for run in (model, compiled):

@@ -433,10 +433,14 @@ def _per_element(per_block: torch.Tensor, br: int, bc: int, r0: int, r1: int, co
     nbr, nbc = per_block.shape
     if torch.compiler.is_compiling():
         # each element's block by index arithmetic: torch 2.13's inductor (C++) miscompiled the
-        # repeated-then-cut form below when the columns do not fill the last block
+        # repeated-then-cut form below when the columns do not fill the last block. A single
+        # block along an axis is given a dimension of a constant size 1: scales from an operator
+        # (kernels' `rowblock_codes`) count the blocks along the tokens symbolically, a count
+        # that only a guard makes 1, and broadcast from such a dimension inductor indexed the
+        # scales by each element's column instead of its block (docs/kernels-notes.md, v46)
         arange = functools.partial(torch.arange, device=per_block.device)
-        rows = per_block if nbr == 1 else per_block[arange(r0, r1) // br]
-        return rows if nbc == 1 else rows[:, arange(cols) // bc]
+        rows = per_block[None, 0] if nbr == 1 else per_block[arange(r0, r1) // br]
+        return rows[:, 0, None] if nbc == 1 else rows[:, arange(cols) // bc]
     if nbr == 1:
         rows = per_block
     elif br == 1:
