@@ -562,10 +562,17 @@ def test_a_dynamic_token_count_within_one_block_quantizes_to_the_same_bits(schem
     torch._dynamo.reset()
 
 
+def _column_codes(x, scheme):
+    """The reference's codes and scales of x quantized along its columns (axis 0), as new tensors."""
+    q = fb.quantize(x, scheme, axis=0)
+    return q.data.clone(), q.scale.clone()
+
+
+# an operator like fewerbits::rowblock_codes given a tensor as stored (columns=True): the
+# reference's bits, the kernel operator's fake shapes
 _SYMBOLIC_SCALES = torch.library.Library("fewerbits_test", "DEF")
 _SYMBOLIC_SCALES.define("column_codes(Tensor x, str scheme) -> (Tensor, Tensor)")
-_SYMBOLIC_SCALES.impl("column_codes", lambda x, scheme: tuple(t.clone() for t in (
-    lambda q: (q.data, q.scale))(fb.quantize(x, scheme, axis=0))), "CompositeExplicitAutograd")
+_SYMBOLIC_SCALES.impl("column_codes", _column_codes, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("fewerbits_test::column_codes", lib=_SYMBOLIC_SCALES)
