@@ -320,29 +320,15 @@ def _block_amaxes(x: torch.Tensor, X: torch.Tensor, br: int, bc: int, axis: int)
     """Every block's amax, float32 (R/br, C/bc). A block of the whole tensor or of whole rows of
     X (one scale per tensor, per row) is reduced in x's own layout: the same values (a maximum is
     exact, and abs commutes with the conversion to fp32), but a compiler given X, the transposed
-    view of an axis-0 quantization, emitted a reduction that read memory across its rows.
-
-    A block at least as long as an axis (blocks of 128 along 77 tokens) is that whole axis, and
-    the axis is reduced first, into a dimension of a constant size 1. Blocked, a graph compiled
-    for dynamic sizes would hold a symbolic count of blocks that only a guard makes 1, and
-    inductor (torch 2.13, C++) then indexed those amaxes by each element's column instead of its
-    block: wrong codes (docs/kernels-notes.md, v45)."""
+    view of an axis-0 quantization, emitted a reduction that read memory across its rows. (A
+    count of blocks that is symbolic, 1 by a guard, reaches the element pass through
+    `_per_element`, which broadcasts it from a dimension of constant size 1.)"""
     rows, cols = X.shape
-    if not X.numel():
-        return block_amax(_blocked(X, br, bc))
-    whole_rows, whole_cols = br >= rows, bc >= cols
-    if x.dim() and whole_cols:
-        if whole_rows:
+    if X.numel() and x.dim() and bc == cols:
+        if br == rows:
             return tensor_amax_of(x).float().reshape(1, 1)
         if br == 1:
             return x.abs().amax(dim=axis).float().reshape(rows, 1)
-    if whole_rows or whole_cols:
-        A = X.abs()
-        if whole_cols:
-            A, bc = A.amax(dim=1, keepdim=True), 1
-        if whole_rows:
-            A, br = A.amax(dim=0, keepdim=True), 1
-        return block_amax(_blocked(A, br, bc))
     return block_amax(_blocked(X, br, bc))
 
 
@@ -434,10 +420,11 @@ def _per_element(per_block: torch.Tensor, br: int, bc: int, r0: int, r1: int, co
     if torch.compiler.is_compiling():
         # each element's block by index arithmetic: torch 2.13's inductor (C++) miscompiled the
         # repeated-then-cut form below when the columns do not fill the last block. A single
-        # block along an axis is given a dimension of a constant size 1: scales from an operator
-        # (kernels' `rowblock_codes`) count the blocks along the tokens symbolically, a count
-        # that only a guard makes 1, and broadcast from such a dimension inductor indexed the
-        # scales by each element's column instead of its block (docs/kernels-notes.md, v46)
+        # block along an axis is given a dimension of a constant size 1: in a graph compiled for
+        # dynamic sizes the blocks along the tokens are counted symbolically (the quantizer's
+        # blocked amaxes; an operator's scales, kernels' `rowblock_codes`), a count that only a
+        # guard makes 1, and broadcast from such a dimension inductor indexed the values by
+        # each element's column instead of its block (docs/kernels-notes.md, v45 and v46)
         arange = functools.partial(torch.arange, device=per_block.device)
         rows = per_block[None, 0] if nbr == 1 else per_block[arange(r0, r1) // br]
         return rows[:, 0, None] if nbc == 1 else rows[:, arange(cols) // bc]
