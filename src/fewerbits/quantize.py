@@ -320,9 +320,7 @@ def _block_amaxes(x: torch.Tensor, X: torch.Tensor, br: int, bc: int, axis: int)
     """Every block's amax, float32 (R/br, C/bc). A block of the whole tensor or of whole rows of
     X (one scale per tensor, per row) is reduced in x's own layout: the same values (a maximum is
     exact, and abs commutes with the conversion to fp32), but a compiler given X, the transposed
-    view of an axis-0 quantization, emitted a reduction that read memory across its rows. (A
-    count of blocks that is symbolic, 1 by a guard, reaches the element pass through
-    `_per_element`, which broadcasts it from a dimension of constant size 1.)"""
+    view of an axis-0 quantization, emitted a reduction that read memory across its rows."""
     rows, cols = X.shape
     if X.numel() and x.dim() and bc == cols:
         if br == rows:
