@@ -514,6 +514,40 @@ def test_a_token_count_that_native_fp8_cannot_take_leaves_the_compiled_graph_gen
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("recipe, block", [("fp8_blockwise", 128), ("mxfp4", 32), ("nvfp4", 16)])
+def test_a_token_count_of_one_whole_block_leaves_the_compiled_graph_general(recipe, block):
+    """The weight gradient's operands are quantized (and, under the FP4 recipes, Hadamard
+    transformed) along the tokens, in blocks of 128, 32 or 16. In a graph compiled for dynamic
+    token counts, asking whether one block spans the count, or padding the count only where it
+    is no multiple of the block, specialised the graph when the count was exactly one block (an
+    expert given 128 tokens): torch 2.13 compiled a graph for that count alone, and torch 2.11
+    failed to trace the quantized Linear (on an H200, the reference backend's `small-moe`
+    compiled, docs/kernels-notes.md v47). Fed the first count, a dynamic one, one whole block,
+    less than a block and more, a compiled Linear compiles three graphs (the first count;
+    counts over one block; counts within one), with eager mode's bits at every count."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256, bias=False))
+    fb.convert(model, recipe, policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter)
+    for n in (512, 530, block, block - 3, 300):
+        x = torch.randn(n, 256, dtype=torch.bfloat16)
+        outs = []
+        for run in (model, compiled):
+            torch.manual_seed(1)  # the stochastic rounding's noise drawn alike
+            xr = x.clone().requires_grad_()
+            out = run(xr)
+            out.float().square().sum().backward()
+            outs.append((out, xr.grad, model[0].weight.grad))
+            model.zero_grad(set_to_none=True)
+        assert all(torch.equal(e, c) for e, c in zip(*outs)), n
+    assert counter.frame_count == 3, counter.frame_count
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("scheme", ["fp8_e4m3_tensor", "fp8_e4m3_1x128", "mxfp8_e4m3", "nvfp4"])
 @pytest.mark.parametrize("axis", [1, 0])
 def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme, axis):

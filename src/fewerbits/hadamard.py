@@ -92,7 +92,11 @@ class Hadamard:
         # cannot carry into an autograd function's backward
         h = len(self._d)
         pad = -x.shape[-1] % h
-        if pad:
+        # padded in a traced graph even by nothing: asking whether a symbolic count needs
+        # padding splits the counts that are multiples of h from the others, and with the
+        # blocks' reshape then specialised a graph to a count of exactly one block (32 tokens
+        # of an MoE expert under mxfp4; torch 2.11 then failed to trace, docs/kernels-notes.md v47)
+        if torch.compiler.is_compiling() or pad:
             x = torch.nn.functional.pad(x, (0, pad))
         lead = x.shape[:-1]
         y = x.reshape(*lead, x.shape[-1] // h, h) * self.signs_tensor(x.device)

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .codes import code_table, pack, packed_size, unpack
 from .rounding import (
@@ -214,7 +215,7 @@ class Plan:
         elements rounded to nearest; None where they divide. (For smaller blocks inductor
         computed the fp64 reciprocal for every element, and the casts were slower than by
         division: docs/kernels-notes.md, v14.)"""
-        if (self.scheme.two_level or self.noise is not None or self.bc != self.cols
+        if (self.scheme.two_level or self.noise is not None or not _whole(self.bc, self.cols)
                 or not torch.compiler.is_compiling()):
             return None
         return _per_element(exact_reciprocal(self.factor), self.br, self.bc, r0, r1, self.cols)
@@ -252,7 +253,7 @@ def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None,
         block_amaxes = check_block_amaxes(block_amaxes, block_grid(scheme, x.shape, axis), X.device)
     if block_amaxes is not None and X.numel():
         actual = block_amaxes  # the blocks' own, given
-    elif tensor_amax is not None and br == rows and bc == cols and X.numel():
+    elif tensor_amax is not None and _whole(br, rows) and _whole(bc, cols) and X.numel():
         actual = tensor_amax.reshape(1, 1)  # the one block's amax, given
     else:
         actual = _block_amaxes(x.detach(), X, br, bc, axis)  # (R/br, C/bc)
@@ -322,8 +323,8 @@ def _block_amaxes(x: torch.Tensor, X: torch.Tensor, br: int, bc: int, axis: int)
     exact, and abs commutes with the conversion to fp32), but a compiler given X, the transposed
     view of an axis-0 quantization, emitted a reduction that read memory across its rows."""
     rows, cols = X.shape
-    if X.numel() and x.dim() and bc == cols:
-        if br == rows:
+    if X.numel() and x.dim() and _whole(bc, cols):
+        if _whole(br, rows):
             return tensor_amax_of(x).float().reshape(1, 1)
         if br == 1:
             return x.abs().amax(dim=axis).float().reshape(rows, 1)
@@ -402,6 +403,15 @@ def _block_shape(scheme: Scheme, rows: int, cols: int) -> tuple[int, int]:
     """The scheme's block with -1 resolved to the whole extent (at least 1)."""
     br, bc = scheme.block
     return (max(rows, 1) if br == -1 else br), (max(cols, 1) if bc == -1 else bc)
+
+
+def _whole(block: int, extent: int) -> bool:
+    """Whether a block spans the whole extent, known without a guard on a symbolic size: in a
+    graph compiled for dynamic token counts, asking whether a block of 128 spans a count that is
+    128 just then would specialise the graph to that count (torch 2.11's dynamo then failed to
+    trace the quantized Linear; docs/kernels-notes.md v47). A block that only happens to span it
+    takes the general path, to the same amaxes."""
+    return statically_known_true(block == extent)
 
 
 def _blocked(m: torch.Tensor, br: int, bc: int) -> torch.Tensor:
