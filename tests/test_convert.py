@@ -479,6 +479,28 @@ def test_compile_model_gives_eager_bits_through_inductor():
     torch._dynamo.reset()
 
 
+def graphs_for_token_counts(model: nn.Sequential, counts) -> int:
+    """Feed `model` (one converted Linear) each token count in turn, eagerly and compiled
+    (`aot_eager`), assert the same output and gradients bit for bit, and return how many graphs
+    compiling took."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter)
+    for n in counts:
+        x = torch.randn(n, model[0].in_features, dtype=torch.bfloat16)
+        outs = []
+        for run in (model, compiled):
+            torch.manual_seed(1)  # stochastic rounding's noise drawn alike
+            xr = x.clone().requires_grad_()
+            out = run(xr)
+            out.float().square().sum().backward()
+            outs.append((out, xr.grad, model[0].weight.grad))
+            model.zero_grad(set_to_none=True)
+        assert all(torch.equal(e, c) for e, c in zip(*outs)), n
+    return counter.frame_count
+
+
 def test_a_token_count_that_native_fp8_cannot_take_leaves_the_compiled_graph_general(monkeypatch):
     """Whether a GEMM runs natively depends on its sizes (cuBLAS's FP8 kernels want K and N
     multiples of 16, and the weight gradient's K is the token count), and deciding it must not
@@ -489,8 +511,6 @@ def test_a_token_count_that_native_fp8_cannot_take_leaves_the_compiled_graph_gen
     so that the size checks run and torch._scaled_mm takes the per-tensor GEMMs on a CPU: a
     compiled fp8_tensorwise Linear fed five token counts compiles three graphs (the first count;
     then dynamic counts that are multiples of 16; then the others), with eager mode's bits."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     from fewerbits import gemm
 
     monkeypatch.setattr(gemm, "_device_reason", lambda dev: None)
@@ -498,19 +518,8 @@ def test_a_token_count_that_native_fp8_cannot_take_leaves_the_compiled_graph_gen
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32, bias=False))
     fb.convert(model, "fp8_tensorwise", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(model, backend=counter)
-    for n in (48, 96, 64, 40, 24):  # 40 and 24 are not multiples of 16: wgrad runs emulated
-        x = torch.randn(n, 64, dtype=torch.bfloat16)
-        outs = []
-        for run in (model, compiled):
-            xr = x.clone().requires_grad_()
-            out = run(xr)
-            out.float().square().sum().backward()
-            outs.append((out, xr.grad, model[0].weight.grad))
-            model.zero_grad(set_to_none=True)
-        assert all(torch.equal(e, c) for e, c in zip(*outs)), n
-    assert counter.frame_count == 3, counter.frame_count
+    # 40 and 24 are not multiples of 16: wgrad runs emulated
+    assert graphs_for_token_counts(model, (48, 96, 64, 40, 24)) == 3
     torch._dynamo.reset()
 
 
@@ -525,26 +534,11 @@ def test_a_token_count_of_one_whole_block_leaves_the_compiled_graph_general(reci
     compiled, docs/kernels-notes.md v47). Fed the first count, a dynamic one, one whole block,
     less than a block and more, a compiled Linear compiles three graphs (the first count;
     counts over one block; counts within one), with eager mode's bits at every count."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256, bias=False))
     fb.convert(model, recipe, policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(model, backend=counter)
-    for n in (512, 530, block, block - 3, 300):
-        x = torch.randn(n, 256, dtype=torch.bfloat16)
-        outs = []
-        for run in (model, compiled):
-            torch.manual_seed(1)  # the stochastic rounding's noise drawn alike
-            xr = x.clone().requires_grad_()
-            out = run(xr)
-            out.float().square().sum().backward()
-            outs.append((out, xr.grad, model[0].weight.grad))
-            model.zero_grad(set_to_none=True)
-        assert all(torch.equal(e, c) for e, c in zip(*outs)), n
-    assert counter.frame_count == 3, counter.frame_count
+    assert graphs_for_token_counts(model, (512, 530, block, block - 3, 300)) == 3
     torch._dynamo.reset()
 
 
