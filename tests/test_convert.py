@@ -488,7 +488,7 @@ def graphs_for_token_counts(model: nn.Sequential, counts) -> int:
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(model, backend=counter)
     for n in counts:
-        x = torch.randn(n, model[0].in_features, dtype=torch.bfloat16)
+        x = torch.randn(n, model[0].in_features, dtype=torch.bfloat16, device=model[0].weight.device)
         outs = []
         for run in (model, compiled):
             torch.manual_seed(1)  # stochastic rounding's noise drawn alike

@@ -252,6 +252,28 @@ def test_compiled_linears_take_token_counts_that_native_fp8_cannot(name):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("recipe, block", [("fp8_blockwise", 128), ("mxfp4", 32), ("nvfp4", 16)])
+def test_compiled_reference_linears_take_a_count_of_one_whole_block(recipe, block):
+    """On the reference backend (the quantizer traced op by op, as on a CPU), a dynamic token
+    count of exactly one block specialised the compiled graph, and torch 2.11's dynamo then
+    failed to trace the quantized Linear (an AssertionError on the H200: an MoE expert given 128
+    tokens; docs/kernels-notes.md v47). Six counts in turn, compiled against eager mode: the
+    same output and gradients bit for bit."""
+    from fewerbits import kernels
+    from test_convert import graphs_for_token_counts
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512, bias=False)).cuda()
+    fb.convert(model, recipe, policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
+    kernels.set_backend("reference")
+    try:
+        graphs_for_token_counts(model, (512, 530, block, block - 3, 300, 2 * block))  # asserts the bits
+    finally:
+        kernels.set_backend("auto")
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("name", ["mxfp8", "mxfp4_naive", "nvfp4_naive"])
 def test_one_compiled_emulated_linear_equals_eager_on_cuda(name):
     """One converted Linear's forward on the GPU three ways — eagerly on the Triton kernels,
