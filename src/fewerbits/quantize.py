@@ -410,7 +410,8 @@ def _whole(block: int, extent: int) -> bool:
     graph compiled for dynamic token counts, asking whether a block of 128 spans a count that is
     128 just then would specialise the graph to that count (torch 2.11's dynamo then failed to
     trace the quantized Linear; docs/kernels-notes.md v47). A block that only happens to span it
-    takes the general path, to the same amaxes."""
+    takes the general path (blocked amaxes; a division rather than a reciprocal's product), to
+    the same amaxes and codes."""
     return statically_known_true(block == extent)
 
 
