@@ -429,6 +429,50 @@ def test_cuda_graphs_are_recorded_once_and_then_replayed(name, monkeypatch):
     assert sum(per_step[:2]) > 0 and per_step[2:] == [0] * 5, per_step
 
 
+@pytest.mark.parametrize("name", ["fp8_tensorwise", "fp8_rowwise"])
+def test_a_step_that_leaves_a_weight_out_records_no_graph_again(name, monkeypatch):
+    """Under reduce-overhead, a step whose optimizer finds a weight without a gradient (an
+    expert that got no tokens in an MoE model) makes no graph record again, in that step or
+    after it: the fused AdamW keeps every weight's amax slots (fp8_rowwise's columns' too) where
+    they were, and the weight left out keeps its last amax (docs/kernels-notes.md, v48). Before,
+    the others' amaxes moved to a new buffer in that step and again in the next."""
+    import torch._inductor.cudagraph_trees as trees
+
+    from fewerbits import bench
+    from fewerbits.train.optim import AdamW
+
+    recorded = []
+    record = trees.CUDAGraphTreeManager.record_function
+    monkeypatch.setattr(trees.CUDAGraphTreeManager, "record_function",
+                        lambda self, *a, **k: recorded.append(1) or record(self, *a, **k))
+    torch._dynamo.reset()
+    model = small_llama(name)
+    weight = model.layers[1].mlp.down_proj.weight
+    calls, step_of = [], AdamW.step
+
+    def leaving_out(self, *a, **k):  # the fifth step updates every parameter but `weight`
+        calls.append(1)
+        if len(calls) == 5:
+            weight.grad = None
+        return step_of(self, *a, **k)
+
+    monkeypatch.setattr(AdamW, "step", leaving_out)
+    ids = torch.randint(0, 512, (2, 129), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    step = bench.training_step(model, ids[:, :-1], ids[:, 1:], compile=False, blocks=True,
+                               device=torch.device("cuda"), mode="reduce-overhead")
+    per_step, kept = [], None
+    for i in range(8):
+        before = len(recorded)
+        if i == 4:
+            kept = weight.detach().clone()
+        step()
+        per_step.append(len(recorded) - before)
+        if i == 4:
+            assert torch.equal(weight.detach(), kept)  # left out: not updated
+    torch._dynamo.reset()
+    assert sum(per_step[:2]) > 0 and per_step[2:] == [0] * 6, per_step
+
+
 def trainer_tokens(path):
     """A learnable .bin of token ids (vocabulary 256): a pattern a tiny model picks up in steps."""
     i = np.arange(60_000)

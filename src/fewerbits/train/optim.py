@@ -47,7 +47,7 @@ class AdamW(torch.optim.Optimizer):
         # just after)
         self._amaxes = WeakIdKeyDictionary()
         self._columns_asked = WeakIdKeyDictionary()  # 2-D parameters whose columns' amaxes were asked for
-        self._slot_buffers: dict = {}  # device → (the last step's layout of amax slots, their buffer)
+        self._slot_buffers: dict = {}  # device → ({id(parameter): (its first slot, its slots)}, their buffer)
 
     def weight_amax(self, p: torch.Tensor, dim: int | None = None) -> torch.Tensor | None:
         """max |p| (a 0-d fp32 tensor on p's device, NaN if p holds NaN) as the fused kernel
@@ -103,24 +103,42 @@ class AdamW(torch.optim.Optimizer):
         fused = [p for group in self.param_groups for p in group["params"]
                  if p.grad is not None and self._fused_for(p)]
         # the fused kernel's amaxes of the new parameters: one int32 slot each, and one a column
-        # for those whose columns' amaxes were asked for, zeroed at once. A buffer laid out as
-        # the last step's is that step's, zeroed again: the amaxes keep their addresses from step
-        # to step, as CUDA graphs that read them need (a new address makes them record again)
+        # for those whose columns' amaxes were asked for. The slots keep their addresses from
+        # step to step, as CUDA graphs that read them need (a new address makes them record
+        # again): a parameter keeps its slots while its width stays, through steps that leave
+        # it out too (an expert that got no tokens: it keeps the amax it was given last), and
+        # nobody's slots move for it. A new buffer only for a parameter never laid out before or
+        # a width that changed (columns asked for).
         width = {id(p): 1 + (p.shape[1] if p in self._columns_asked and p.dim() == 2 else 0) for p in fused}
-        slots = {}
-        for dev in {p.device for p in fused}:
-            layout = tuple((id(p), width[id(p)]) for p in fused if p.device == dev)
-            kept = self._slot_buffers.get(dev)
-            if kept is not None and kept[0] == layout:
-                slots[dev] = kept[1].zero_()
-            else:
-                slots[dev] = torch.zeros(sum(w for _, w in layout), dtype=torch.int32, device=dev)
-                self._slot_buffers[dev] = (layout, slots[dev])
-        taken = dict.fromkeys(slots, 0)
         slot_of = {}  # id(parameter) → its slots (amax, then its columns'), for the parameters the kernel updates
-        for p in fused:
-            start, taken[p.device] = taken[p.device], taken[p.device] + width[id(p)]
-            slot_of[id(p)] = slots[p.device][start:taken[p.device]]
+        for dev in {p.device for p in fused}:
+            now = [id(p) for p in fused if p.device == dev]
+            kept = self._slot_buffers.get(dev)
+            if kept is not None and all(kept[0].get(i, (0, 0))[1] == width[i] for i in now):
+                starts, buffer = kept
+                if len(now) == len(starts):
+                    buffer.zero_()
+                else:  # only the slots this step writes, run by run: a parameter
+                    # left out keeps the amax it was given last (`_amaxes`)
+                    runs: list[list[int]] = []
+                    for a, w in sorted(starts[i] for i in now):
+                        if runs and runs[-1][1] == a:
+                            runs[-1][1] = a + w
+                        else:
+                            runs.append([a, a + w])
+                    for a, b in runs:
+                        buffer[a:b].zero_()
+            else:
+                widths = {i: width[i] for i in now}
+                for i, (_, w) in ({} if kept is None else kept[0]).items():
+                    widths.setdefault(i, w)  # left out this step: a slot in the new buffer too
+                starts, total = {}, 0
+                for i, w in widths.items():
+                    starts[i], total = (total, w), total + w
+                buffer = torch.zeros(total, dtype=torch.int32, device=dev)
+                self._slot_buffers[dev] = (starts, buffer)
+            for i in now:
+                slot_of[i] = buffer[starts[i][0]:starts[i][0] + width[i]]
         for group in self.param_groups:
             b1, b2 = group["betas"]
             batches: dict = {}
