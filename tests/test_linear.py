@@ -506,7 +506,7 @@ def test_cached_weight_is_reused_until_the_weight_changes(monkeypatch):
 
 
 @pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_blockwise", "mxfp8", "nvfp4"])
 def test_prepared_weights_enter_compiled_graphs_as_inputs_without_changing_a_bit(recipe, in_place):
     """prepare_weight quantizes the fprop and dgrad weight operands once, in eager code; a
     compiled graph takes them as inputs (one graph over steps whose weights change), and the
@@ -633,6 +633,33 @@ def test_set_weight_amaxes_gives_every_layer_an_amax():
         assert torch.equal(m._weight_amax, m.weight.detach().abs().amax())
     assert torch.equal(model[4]._weight_amax, model[4].weight.detach().abs().amax(0))
     assert model[2]._weight_amax is None
+
+
+@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_blockwise", "fp8_rowwise", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("special", ["finite", "inf", "nan"])
+def test_prepared_dgrad_weights_are_the_quantizers_bits(recipe, special):
+    """prepare_weight's two operands are the reference quantizer's bits along each axis, scales
+    included: under one scale (fp8_tensorwise) or square 8-bit blocks (fp8_blockwise) the dgrad
+    copy is the fprop codes transposed, which must equal quantizing the weight along dim 0, for
+    sizes that do not divide the block, an all-zero block, and a weight holding inf or NaN; the
+    other recipes quantize it again."""
+    torch.manual_seed(0)
+    layer = fb.QuantizedLinear(300, 200, recipe=recipe)  # weight (200, 300): ragged 128x128 blocks
+    with torch.no_grad():
+        layer.weight[:128, 128:256] = 0.0
+        layer.weight.mul_(torch.logspace(-3, 3, 300))  # blocks of other scales
+        if special != "finite":
+            layer.weight[150, 7] = float(special)
+    assert layer.prepare_weight()
+    W, r = layer.weight.detach(), layer.recipe
+    for q, op, axis in zip(layer._config.prepared, (r.fprop.b, r.dgrad.b), (1, 0)):
+        data, scale, tensor_scale = layer._prepared[:3] if axis == 1 else layer._prepared[3:]
+        want = fb.quantize(W, op.scheme, axis=axis)
+        assert q.axis == want.axis and q.shape == want.shape and q.scheme == want.scheme
+        assert torch.equal(data.view(torch.uint8), want.data.view(torch.uint8)), (axis, op.scheme)
+        assert torch.equal(scale.view(torch.uint8), want.scale.view(torch.uint8)), (axis, op.scheme)
+        assert (tensor_scale is None) == (want.tensor_scale is None)
+        assert tensor_scale is None or torch.equal(tensor_scale, want.tensor_scale)
 
 
 def test_prepare_weight_refuses_weights_that_are_not_reused():

@@ -197,10 +197,21 @@ def _square_transposable(p: Operand, p_gemm: Gemm, q: Operand, q_gemm: Gemm) -> 
             and p.rounding == q.rounding == "nearest" and p_gemm.hadamard is None and q_gemm.hadamard is None)
 
 
+def _codes_transposable(p: Operand, p_gemm: Gemm, q: Operand, q_gemm: Gemm) -> bool:
+    """Whether operand q's codes (column-wise) are operand p's transposed, byte for byte: as
+    `_transposable`, or square blocks of 8-bit codes under one scale each (fp8_blockwise's
+    128x128 weights: a block read either way is the same block, with the same scale)."""
+    s = p.scheme
+    return _transposable(p, p_gemm, q, q_gemm) or (_square_transposable(p, p_gemm, q, q_gemm)
+                                                   and s.elem.bits == 8 and not s.two_level)
+
+
 def _transpose(q: QuantizedTensor) -> QuantizedTensor:
-    """A one-scale 2-D QuantizedTensor quantized along its other axis: the codes transposed
-    (by a tiled Triton copy where the kernel backend says so, in compiled graphs too)."""
-    return replace(q, data=kernels.transpose_codes(q.data), axis=1 - q.axis)
+    """A 2-D QuantizedTensor of 8-bit codes under one scale, or under square blocks' scales,
+    quantized along its other axis: the codes transposed (by a tiled Triton copy where the
+    kernel backend says so, in compiled graphs too), and the blocks' scales."""
+    scale = q.scale if q.scale.numel() == 1 else q.scale.t().contiguous()
+    return replace(q, data=kernels.transpose_codes(q.data), scale=scale, axis=1 - q.axis)
 
 
 class _SharedOperands:
@@ -696,6 +707,13 @@ class QuantizedLinear(nn.Linear):
         with torch.no_grad():
             made = []
             for op, gemm, axis in ops:
+                if axis == 0 and _codes_transposable(r.fprop.b, r.fprop, op, gemm):
+                    # the fprop operand's codes transposed: a byte read and written a weight
+                    # instead of reading the fp32 weight again (a one-scale operand's scale a
+                    # tensor of its own: a compiled graph guards on inputs that alias)
+                    q = _transpose(made[0])
+                    made.append(replace(q, scale=q.scale.clone()) if q.scale is made[0].scale else q)
+                    continue
                 block_amaxes, tensor_amax = _known_amaxes(gemm, axis, known)
                 made.append(_prepare(self.weight, op, gemm, axis, r.compute_dtype, None, True, tensor_amax,
                                      block_amaxes))
