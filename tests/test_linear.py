@@ -480,15 +480,28 @@ def test_cached_weight_is_reused_until_the_weight_changes(monkeypatch):
     x = torch.randn(16, 64, requires_grad=True)
     reference = layer(x)
     reference.sum().backward()
+    grads = [x.grad.clone(), layer.weight.grad.clone()]
     weight_preps = lambda: sum(s == w_shape for s in calls)  # noqa: E731
     assert weight_preps() == 2  # off by default: fprop and dgrad each prepare the weight
     layer.cache_weight = True
     calls.clear()
     for _ in range(3):  # three micro-batches of one step
+        x.grad = layer.weight.grad = None
         out = layer(x)
         out.sum().backward()
-    assert weight_preps() == 2  # once per GEMM, not once per micro-batch
-    assert torch.equal(out, reference)  # and the same values as without the cache
+        # the same values as without the cache
+        assert torch.equal(out, reference) and torch.equal(x.grad, grads[0]) and torch.equal(layer.weight.grad, grads[1])
+    assert weight_preps() == 1  # once a step, not once per micro-batch: dgrad transposes fprop's codes
+    blockwise = fb.QuantizedLinear(300, 200, recipe="fp8_blockwise")  # square blocks: transposed too
+    xb = torch.randn(16, 300, requires_grad=True)
+    got = []
+    for cache in (False, True, True):
+        blockwise.cache_weight = cache
+        calls.clear()
+        xb.grad = None
+        blockwise(xb).square().sum().backward()
+        got.append((sum(s == blockwise.weight.shape for s in calls), xb.grad))
+    assert [n for n, _ in got] == [2, 1, 0] and torch.equal(got[0][1], got[1][1]) and torch.equal(got[0][1], got[2][1])
     with torch.no_grad():
         layer.weight.mul_(0.5)  # an optimizer step: the version counter moves
     calls.clear()

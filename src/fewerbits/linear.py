@@ -438,7 +438,13 @@ class _Config:
         hit = self.weight_cache.get(axis)
         if hit is not None and hit[0] == key:
             return hit[1]
-        prepared = _prepare(weight, op, gemm, axis, dtype, amax, True, tensor_amax, block_amaxes)  # kept: as codes
+        rows = self.weight_cache.get(1)
+        fp = self.recipe.fprop
+        if (axis == 0 and rows is not None and rows[0] == key and isinstance(rows[1], QuantizedTensor)
+                and _codes_transposable(fp.b, fp, op, gemm)):  # the fprop codes transposed (prepare_weight)
+            prepared = _transpose(rows[1])
+        else:
+            prepared = _prepare(weight, op, gemm, axis, dtype, amax, True, tensor_amax, block_amaxes)  # as codes
         self.weight_cache[axis] = (key, prepared)
         return prepared
 
