@@ -398,6 +398,18 @@ def test_a_training_step_replayed_as_cuda_graphs_trains_as_the_compiled_step(nam
     assert (a - b).abs().max() < moved / 20, losses
 
 
+def count_recordings(monkeypatch) -> list:
+    """A list that gets an item for every CUDA graph that inductor's cudagraph trees record
+    from now on (`CUDAGraphTreeManager.record_function`, counted through `monkeypatch`)."""
+    import torch._inductor.cudagraph_trees as trees
+
+    recorded = []
+    record = trees.CUDAGraphTreeManager.record_function
+    monkeypatch.setattr(trees.CUDAGraphTreeManager, "record_function",
+                        lambda self, *a, **k: recorded.append(1) or record(self, *a, **k))
+    return recorded
+
+
 @pytest.mark.parametrize("name", ["fp8_tensorwise", "fp8_delayed", "mxfp4", "nvfp4"])
 def test_cuda_graphs_are_recorded_once_and_then_replayed(name, monkeypatch):
     """Under reduce-overhead the step's compiled blocks record their CUDA graphs in one of the
@@ -407,14 +419,9 @@ def test_cuda_graphs_are_recorded_once_and_then_replayed(name, monkeypatch):
     five steps (docs/kernels-notes.md, v41). Under mxfp4 and nvfp4 the first step failed: a
     constant that `device_constant` built and cached there was left in the graphs' memory pool
     (v43)."""
-    import torch._inductor.cudagraph_trees as trees
-
     from fewerbits import bench
 
-    recorded = []
-    record = trees.CUDAGraphTreeManager.record_function
-    monkeypatch.setattr(trees.CUDAGraphTreeManager, "record_function",
-                        lambda self, *a, **k: recorded.append(1) or record(self, *a, **k))
+    recorded = count_recordings(monkeypatch)
     torch._dynamo.reset()
     model = small_llama(name)
     ids = torch.randint(0, 512, (2, 129), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
@@ -436,15 +443,10 @@ def test_a_step_that_leaves_a_weight_out_records_no_graph_again(name, monkeypatc
     after it: the fused AdamW keeps every weight's amax slots (fp8_rowwise's columns' too) where
     they were, and the weight left out keeps its last amax (docs/kernels-notes.md, v48). Before,
     the others' amaxes moved to a new buffer in that step and again in the next."""
-    import torch._inductor.cudagraph_trees as trees
-
     from fewerbits import bench
     from fewerbits.train.optim import AdamW
 
-    recorded = []
-    record = trees.CUDAGraphTreeManager.record_function
-    monkeypatch.setattr(trees.CUDAGraphTreeManager, "record_function",
-                        lambda self, *a, **k: recorded.append(1) or record(self, *a, **k))
+    recorded = count_recordings(monkeypatch)
     torch._dynamo.reset()
     model = small_llama(name)
     weight = model.layers[1].mlp.down_proj.weight
@@ -528,15 +530,10 @@ def test_the_trainer_records_its_cuda_graphs_once(name, tmp_path, monkeypatch):
     first steps and replays them after: an operand prepared once a step for the micro-batches
     (`prepare_weight`) or an amax that moved would make the blocks record again in every step
     (docs/kernels-notes.md, v40–v42)."""
-    import torch._inductor.cudagraph_trees as trees
-
     from fewerbits.train import TrainConfig, train
     from fewerbits.train.optim import AdamW
 
-    recorded, per_step = [], []
-    record = trees.CUDAGraphTreeManager.record_function
-    monkeypatch.setattr(trees.CUDAGraphTreeManager, "record_function",
-                        lambda self, *a, **k: recorded.append(1) or record(self, *a, **k))
+    recorded, per_step = count_recordings(monkeypatch), []
     step = AdamW.step
 
     def counted(self, *a, **k):  # the recordings of this step's micro-batches
