@@ -45,9 +45,12 @@ for recipe in sys.argv[1:]:
             kept[arm] = [t.clone() for m in layers for t in m._prepared if t is not None]
             for m in layers:
                 m.release_weight()
-    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(kept["quantized again"], kept["transposed"]))
+    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+               for a, b in zip(kept["quantized again"], kept["transposed"]))
     n = sum(1 for m in model.modules() if isinstance(m, L.QuantizedLinear))
-    print(recipe, f"{len(layers)} of {n} layers prepared;", {k: round(statistics.median(v), 3) for k, v in res.items()}, "ms median;", "bits equal" if same else "BITS DIFFER", flush=True)
+    medians = {k: round(statistics.median(v), 3) for k, v in res.items()}
+    print(recipe, f"{len(layers)} of {n} layers prepared;", medians, "ms median;",
+          "bits equal" if same else "BITS DIFFER", flush=True)
     del model, kept
     torch.cuda.empty_cache()
 L._codes_transposable = new_rule

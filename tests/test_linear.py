@@ -490,7 +490,8 @@ def test_cached_weight_is_reused_until_the_weight_changes(monkeypatch):
         out = layer(x)
         out.sum().backward()
         # the same values as without the cache
-        assert torch.equal(out, reference) and torch.equal(x.grad, grads[0]) and torch.equal(layer.weight.grad, grads[1])
+        assert torch.equal(out, reference) and torch.equal(x.grad, grads[0])
+        assert torch.equal(layer.weight.grad, grads[1])
     assert weight_preps() == 1  # once a step, not once per micro-batch: dgrad transposes fprop's codes
     blockwise = fb.QuantizedLinear(300, 200, recipe="fp8_blockwise")  # square blocks: transposed too
     xb = torch.randn(16, 300, requires_grad=True)
@@ -501,7 +502,8 @@ def test_cached_weight_is_reused_until_the_weight_changes(monkeypatch):
         xb.grad = None
         blockwise(xb).square().sum().backward()
         got.append((sum(s == blockwise.weight.shape for s in calls), xb.grad))
-    assert [n for n, _ in got] == [2, 1, 0] and torch.equal(got[0][1], got[1][1]) and torch.equal(got[0][1], got[2][1])
+    assert [n for n, _ in got] == [2, 1, 0]  # uncached; cached, once a step; then reused
+    assert torch.equal(got[0][1], got[1][1]) and torch.equal(got[0][1], got[2][1])
     with torch.no_grad():
         layer.weight.mul_(0.5)  # an optimizer step: the version counter moves
     calls.clear()

@@ -428,7 +428,8 @@ class _Config:
         scaling amaxes or stochastic rounding is prepared afresh each time, as its definition
         asks; so is every weight while a graph is being traced. known_amax: the weight's own
         amax or its columns' amaxes, given (`QuantizedLinear.set_weight_amax`), used where they
-        are the operand's (`_known_amaxes`)."""
+        are the operand's (`_known_amaxes`). Cached, dgrad's copy is the fprop copy's codes
+        transposed where those are its bits (`_codes_transposable`), as in `prepare_weight`."""
         reusable = (self.cache_weight and amax is None and op.rounding == "nearest"
                     and not torch.compiler.is_compiling())
         block_amaxes, tensor_amax = _known_amaxes(gemm, axis, known_amax)
@@ -691,7 +692,8 @@ class QuantizedLinear(nn.Linear):
             self._config.weight_cache.clear()
 
     def prepare_weight(self, *, in_place: bool = False) -> bool:
-        """Quantize the weight's fprop and dgrad operands now, for every forward and backward
+        """Quantize the weight's fprop and dgrad operands now (dgrad's as the fprop codes
+        transposed where those are its bits: `_codes_transposable`), for every forward and backward
         until `release_weight`: in compiled graphs too, which take them as inputs instead of
         quantizing the weight again — so the micro-batches of one optimizer step share them
         under gradient accumulation (eager code has `cache_weight` for that). Only where the
