@@ -85,7 +85,7 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
     signature = {p: "constexpr" if p in constants else POINTERS.get(p, "fp32" if p in FLOATS else "i32")
                  for p in PARAMS}
     aligned = [p for p in PARAMS if signature[p].startswith("*") or
-               (signature[p] == "i32" and p in ("R", "C", "sxr", "sxc", "sor", "ssr"))]
+               (signature[p] == "i32" and p in ("R", "C", "CP", "sxr", "sxc", "sor", "ssr"))]
     src = ASTSource(fn=KERNEL, signature=signature,
                     constexprs={(PARAMS.index(p),): v for p, v in constants.items()},
                     attrs={(PARAMS.index(p),): [["tt.divisibility", 16]] for p in aligned})

@@ -106,6 +106,25 @@ def test_kernel_equals_reference_for_user_schemes(scheme):
     assert same(kernels.quantize(x, scheme), fb.quantize(x, scheme))
 
 
+@pytest.mark.parametrize("cols", [63, 64, 95])
+def test_fp4_codes_whose_packed_rows_are_whole_16_byte_groups_are_the_references(cols):
+    """Packed rows of 32 or 48 bytes, the length at which a GPU's compiled kernel stores a
+    thread's bytes of a row together (cast.py's `_encode_store`): 63 and 95 columns end in a
+    half-filled byte, whose high nibble stays 0. The one-read kernel (MXFP4, NVFP4, along rows
+    and down columns) and the element kernel (a user scheme of 8x8 blocks), with NaN, inf and
+    zero blocks."""
+    from fewerbits.kernels import rowblock
+
+    schemes = [fb.get_scheme("mxfp4"), fb.get_scheme("nvfp4"), fb.Scheme("fp4_e2m1", (8, 8), "e8m0", "rceil")]
+    for scheme in schemes:
+        assert rowblock.supported(scheme) == (scheme.block[0] == 1), scheme.describe()
+        for shape, axis in (((40, cols), -1), ((cols, 48), 0)):
+            x = torch.from_numpy(hard_matrix(*shape, seed=cols, specials=True)).to(DEVICE)
+            a, b = kernels.quantize(x, scheme, axis=axis), fb.quantize(x, scheme, axis=axis)
+            assert same(a, b), (scheme.describe(), shape, axis)
+            assert axis == 0 or a.data.shape[-1] == (cols + 1) // 2
+
+
 @pytest.mark.parametrize("axis", [-1, 0])
 def test_fp6_codes_of_the_kernels_are_packed_as_the_reference_packs_them(axis):
     """kernels.quantize's 6-bit codes are four in three bytes (codes.pack's layout), with a last

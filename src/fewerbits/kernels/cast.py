@@ -209,19 +209,23 @@ def _to_bf16(values):
 
 
 @triton.jit
-def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, sor,
+def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor,
                   TILE_R: tl.constexpr, TILE_C: tl.constexpr, STOCHASTIC: tl.constexpr, PACK: tl.constexpr,
                   E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
                   NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr = 0.0):
     """Round a tile of scaled values to codes (with this noise where STOCHASTIC) and store them
-    (fp4: two a byte)."""
+    (fp4: two a byte). CP is the output's row length in bytes, (C + 1) // 2 for fp4, given as an
+    argument rather than computed here: Triton then knows it is a multiple of 16 where it is,
+    and so that a thread's bytes in a row are all kept or all masked off, and stores them
+    together; from (C + 1) // 2 it knew neither, and stored fp4 codes a byte at a time, which
+    took MXFP4's codes about twice as long on the H200 (docs/kernels-notes.md, v50)."""
     code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
                         NATIVE_MAX)
     if PACK == 2:  # two codes a byte, the first in the low nibble; padding columns are code 0
         lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
         pairs = tl.program_id(1) * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
-        keep = (rows < R)[:, None] & (pairs < (C + 1) // 2)[None, :]
+        keep = (rows < R)[:, None] & (pairs < CP)[None, :]
         tl.store(out_ptr + rows[:, None] * sor + pairs[None, :], (lo | (hi << 4)).to(tl.uint8), mask=keep)
     else:
         tl.store(out_ptr + rows[:, None] * sor + cols[None, :], code.to(tl.uint8), mask=inside)
@@ -261,7 +265,7 @@ def format_constants(fmt: FloatFormat, device: torch.device | None = None) -> di
 
 
 @triton.jit
-def _cast_kernel(x_ptr, f_ptr, noise_ptr, out_ptr, R, C, sxr, sxc, sfr, sfc, snr, snc, sor, br, bc,
+def _cast_kernel(x_ptr, f_ptr, noise_ptr, out_ptr, R, C, CP, sxr, sxc, sfr, sfc, snr, snc, sor, br, bc,
                  TILE_R: tl.constexpr, TILE_C: tl.constexpr, MULTIPLY: tl.constexpr,
                  STOCHASTIC: tl.constexpr, PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
                  BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
@@ -278,7 +282,7 @@ def _cast_kernel(x_ptr, f_ptr, noise_ptr, out_ptr, R, C, sxr, sxc, sfr, sfc, snr
         v = tl.div_rn(x, f)  # x / scale, correctly rounded
     v = tl.where(tl.abs(f) < float("inf"), v, 0.0)  # a NaN scale: the block keeps zero codes
     noise = _load_noise(noise_ptr, rows, cols, inside, snr, snc, STOCHASTIC)
-    _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, sor, TILE_R, TILE_C,
+    _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor, TILE_R, TILE_C,
                   STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, NATIVE_MAX)
 
 
@@ -295,7 +299,7 @@ def cast_codes(X: torch.Tensor, factor: torch.Tensor, br: int, bc: int, fmt: Flo
     grid = (cdiv(R, tile_r), cdiv(C, tile_c))
     n = noise if noise is not None else X  # never read without STOCHASTIC
     _cast_kernel[grid](
-        X, factor, n, out, R, C, X.stride(0), X.stride(1), factor.stride(0), factor.stride(1),
+        X, factor, n, out, R, C, out.shape[1], X.stride(0), X.stride(1), factor.stride(0), factor.stride(1),
         n.stride(0), n.stride(1), out.stride(0), br, bc,
         TILE_R=tile_r, TILE_C=tile_c, MULTIPLY=multiply, STOCHASTIC=noise is not None,
         PACK=2 if pack else 1, **format_constants(fmt, X.device),

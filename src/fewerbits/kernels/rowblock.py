@@ -203,7 +203,7 @@ def _block_scale(amax, elem_max, rcp_max, tensor_scales_ptr, enc_numerator, s_de
 
 
 @triton.jit(do_not_specialize=["row_stride"])
-def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, ssr, row_stride,
+def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, sor, ssr, row_stride,
                      elem_max, rcp_max, tensor_scales_ptr, amax_ptr, signs_ptr, h_scale, enc_numerator, s_dec_ptr,
                      BC: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, RULE: tl.constexpr,
                      KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr,
@@ -308,7 +308,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxr, sxc, sor, s
         noise = 0
         if STOCHASTIC:
             noise = _seed_noise(seed_ptr, rows[:, None], cols[None, :], C)
-        _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, sor, TILE_R, TILE_C,
+        _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor, TILE_R, TILE_C,
                       STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT,
                       NATIVE_MAX)
 
@@ -622,8 +622,8 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
     R, C = X.shape
     elem = scheme.elem
     _rowblock_kernel[(cdiv(R, tile_r), cdiv(C, tile_c))](
-        _bits(X), seed if seed is not None else scales, codes, scales, R, C, X.stride(0), X.stride(1),
-        codes.stride(0), scales.stride(0), X.stride(0), tensor_scales_ptr=tensor_amax, amax_ptr=amax,
+        _bits(X), seed if seed is not None else scales, codes, scales, R, C, codes.shape[1], X.stride(0),
+        X.stride(1), codes.stride(0), scales.stride(0), X.stride(0), tensor_scales_ptr=tensor_amax, amax_ptr=amax,
         signs_ptr=hadamard.signs_tensor(X.device) if hadamard is not None else scales,
         h_scale=hadamard.scale if hadamard is not None else 1.0, s_dec_ptr=s_dec if s_dec is not None else scales,
         BC=bc, TILE_R=tile_r, TILE_C=tile_c, STOCHASTIC=seed is not None, SCALE_CODES=scale_codes,
