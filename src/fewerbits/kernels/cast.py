@@ -215,11 +215,12 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor,
                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
                   NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr = 0.0):
     """Round a tile of scaled values to codes (with this noise where STOCHASTIC) and store them
-    (fp4: two a byte). CP is the output's row length in bytes, (C + 1) // 2 for fp4, given as an
-    argument rather than computed here: Triton then knows it is a multiple of 16 where it is,
-    and so that a thread's bytes in a row are all kept or all masked off, and stores them
-    together; from (C + 1) // 2 it knew neither, and stored fp4 codes a byte at a time, which
-    took MXFP4's codes about twice as long on the H200 (docs/kernels-notes.md, v50)."""
+    (fp4: two a byte). CP is the output's row length in bytes ((C + 1) // 2 for fp4), given as
+    an argument rather than computed here: Triton then knows it to be a multiple of 16 where it
+    is, hence that a thread's neighbouring bytes in a row are kept or masked off together, and
+    stores them with one instruction. Computed from C, it knew neither and stored fp4 codes a
+    byte at a time, which took MXFP4's codes about twice as long on the H200
+    (docs/kernels-notes.md, v50)."""
     code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
                         NATIVE_MAX)
     if PACK == 2:  # two codes a byte, the first in the low nibble; padding columns are code 0
