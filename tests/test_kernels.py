@@ -126,15 +126,17 @@ def test_fp4_codes_whose_packed_rows_are_whole_16_byte_groups_are_the_references
 
 
 @pytest.mark.parametrize("axis", [-1, 0])
-def test_fp6_codes_of_the_kernels_are_packed_as_the_reference_packs_them(axis):
+@pytest.mark.parametrize("shape", [(37, 70), (48, 96)])
+def test_fp6_codes_of_the_kernels_are_packed_as_the_reference_packs_them(axis, shape):
     """kernels.quantize's 6-bit codes are four in three bytes (codes.pack's layout), with a last
     group that the columns do not fill (70 and 37 columns), after the one-read kernel (MXFP6)
     and after the element kernel (fp6 in 1x8 and 4x4 blocks); NaN, inf and zero blocks among
-    them."""
+    them. Rows of a multiple of 16 codes (96 and 48 columns) the one-read kernel packs itself,
+    sixteen codes to three 32-bit words."""
     from fewerbits.codes import packed_size
     from fewerbits.kernels import rowblock
 
-    x = torch.from_numpy(hard_matrix(37, 70, seed=9, specials=True)).to(DEVICE)
+    x = torch.from_numpy(hard_matrix(*shape, seed=9, specials=True)).to(DEVICE)
     one_read = [fb.get_scheme("mxfp6_e3m2"), fb.get_scheme("mxfp6_e2m3")]
     element = [fb.Scheme("fp6_e2m3", (1, 8), "e8m0", "floor"), fb.Scheme("fp6_e3m2", (4, 4), "fp32")]
     for scheme in one_read + element:

@@ -39,7 +39,7 @@ import importlib.util
 
 import torch
 
-from ..codes import pack
+from ..codes import pack, packed_size
 from ..quantize import QuantizedTensor, block_grid, check_block_amaxes, check_tensor_amax, make_plan, matrix_view
 from ..quantize import _normalize_axis as normalize_axis
 from ..quantize import quantize as reference_quantize
@@ -120,8 +120,6 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
         # finds the blocks' amaxes in the read that makes their codes: given ones are not read)
         ax, X, seed = _matrix_and_seed(x, rounding, generator, axis)
         codes, scales, tensor_scale = rowblock.quantize_rowblocks(X, scheme_, seed, tensor_amax=tensor_amax)
-        if scheme_.elem.bits == 6:
-            codes = pack(codes, scheme_.elem)
         return QuantizedTensor(codes, scales, scheme_, x.shape, ax, tensor_scale)
 
     if rowblock.amax_supported(scheme_) and x.numel():  # one reduction, then one kernel
@@ -312,7 +310,7 @@ def _rowblock_codes_fake(X, scheme, scale_rule, seed, block_amaxes=None, columns
     s = get_scheme(scheme, scale_rule)
     (br, bc), (R, C) = s.block, _operand_shape(X, columns)
     bc = C if bc == -1 else bc  # one block per row
-    codes = X.new_empty((R, (C + 1) // 2 if s.elem.bits == 4 else C), dtype=torch.uint8)
+    codes = X.new_empty((R, packed_size(C, s.elem.bits)), dtype=torch.uint8)
     scale_dtype = torch.uint8 if s.scale_fmt.bits <= 8 else torch.float32
     return codes, X.new_empty((-(-R // br), -(-C // bc)), dtype=scale_dtype)
 

@@ -215,7 +215,7 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor,
                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
                   NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr = 0.0):
     """Round a tile of scaled values to codes (with this noise where STOCHASTIC) and store them
-    (fp4: two a byte). CP is the output's row length in bytes ((C + 1) // 2 for fp4), given as
+    (fp4: two a byte; fp6 with PACK 3: sixteen in three words). CP is the output's row length in bytes ((C + 1) // 2 for fp4), given as
     an argument rather than computed here: Triton then knows it to be a multiple of 16 where it
     is, hence that a thread's neighbouring bytes in a row are kept or masked off together, and
     stores them with one instruction. Computed from C, it knew neither and stored fp4 codes a
@@ -228,6 +228,21 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor,
         pairs = tl.program_id(1) * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
         keep = (rows < R)[:, None] & (pairs < CP)[None, :]
         tl.store(out_ptr + rows[:, None] * sor + pairs[None, :], (lo | (hi << 4)).to(tl.uint8), mask=keep)
+    elif PACK == 3:  # fp6, C a multiple of 16: sixteen codes in three 32-bit words, the bytes of
+        # codes.pack (code j at bits 6j … 6j + 5 of its group's little-endian bit string); out_ptr
+        # is the packed codes' int32 view and sor its row stride in words. Word k takes the codes
+        # whose bits start in it (shifted left) and the top bits of one that started below it
+        G: tl.constexpr = TILE_C // 16
+        c = tl.reshape(code.to(tl.uint32), (TILE_R, G, 16))
+        groups = tl.program_id(1) * G + tl.arange(0, G)
+        keep = (rows < R)[:, None] & (groups * 16 < C)[None, :]
+        first = rows[:, None] * sor + groups[None, :] * 3
+        start = (tl.arange(0, 16) * 6)[None, None, :]  # code j's first bit in the group
+        for k in tl.static_range(3):
+            s = start - 32 * k  # that bit's place in word k
+            up = tl.where((s >= 0) & (s < 32), c << tl.minimum(tl.maximum(s, 0), 31).to(tl.uint32), 0)
+            down = tl.where((s < 0) & (s > -6), c >> tl.minimum(tl.maximum(-s, 0), 31).to(tl.uint32), 0)
+            tl.store(out_ptr + first + k, tl.sum(up | down, axis=2), mask=keep)  # disjoint bits: sum = or
     else:
         tl.store(out_ptr + rows[:, None] * sor + cols[None, :], code.to(tl.uint8), mask=inside)
 

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..codes import code_table
+from ..codes import code_table, pack as pack_codes
 from ..quantize import check_amax
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
@@ -544,7 +544,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                        fp64: bool | None = None):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
-    Scales are stored as QuantizedTensor stores them: uint8 codes for E8M0 / E4M3, else fp32.
+    Codes and scales are stored as QuantizedTensor stores them: codes packed (fp4 two a byte,
+    fp6 four in three bytes), scales as uint8 codes for E8M0 / E4M3, else fp32.
     values=True: instead of the codes, the (R, C) bf16 matrix of the dequantized values
     without the per-tensor scale — `dequantize_matrix(bf16, tensor_scale=False)` of the
     codes, bit for bit, where those values are exact in bf16 (the caller's condition).
@@ -573,11 +574,16 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
 
         X = transpose(X.t())  # X.contiguous(), by tiles
     pack = elem.bits == 4 and not values
+    # fp6: the kernel packs whole groups of sixteen codes into three 32-bit words where C is a
+    # multiple of 16; otherwise it writes a byte a code, which `codes.pack` packs after it
+    words = elem.bits == 6 and not values and C % 16 == 0
     nb = -(-C // bc)
     if values:
         codes = torch.empty(R, C, dtype=torch.bfloat16, device=X.device)
     else:
-        codes = torch.empty(R, (C + 1) // 2 if pack else C, dtype=torch.uint8, device=X.device)
+        width = (C + 1) // 2 if pack else 3 * C // 4 if words else C
+        codes = torch.empty(R, width, dtype=torch.uint8, device=X.device)
+    finish = pack_codes if elem.bits == 6 and not values and not words else lambda c, _: c
     scale_codes = scheme.scale_fmt.bits <= 8
     scales = torch.empty(-(-R // br), nb, dtype=torch.uint8 if scale_codes else torch.float32, device=X.device)
     if as_rows is None:
@@ -607,10 +613,10 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
             tensor_amax = bits.view(torch.float32)
         s_dec = torch.empty((), dtype=torch.float32, device=X.device)
     if X.numel() == 0:
-        return codes, scales, s_dec
-    _launch(X, seed, codes, scales, scheme, rule_of(scheme), tensor_amax, scales, bc, 0, scale_codes, tile_r,
-            tile_c, br, values, hadamard, s_dec, num_warps, as_rows, fp64)
-    return codes, scales, s_dec
+        return finish(codes, elem), scales, s_dec
+    _launch(X, seed, codes.view(torch.int32) if words else codes, scales, scheme, rule_of(scheme), tensor_amax,
+            scales, bc, 0, scale_codes, tile_r, tile_c, br, values, hadamard, s_dec, num_warps, as_rows, fp64)
+    return finish(codes, elem), scales, s_dec
 
 
 def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax, bc: int, amax_mode: int,
@@ -621,6 +627,9 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
     (default: `fp64_quotient`)."""
     R, C = X.shape
     elem = scheme.elem
+    constants = _scheme_constants(scheme, rule, X.device)
+    if codes.dtype == torch.int32:  # fp6 codes packed as words by the kernel (quantize_rowblocks)
+        constants = {**constants, "PACK": 3}
     _rowblock_kernel[(cdiv(R, tile_r), cdiv(C, tile_c))](
         _bits(X), seed if seed is not None else scales, codes, scales, R, C, codes.shape[1], X.stride(0),
         X.stride(1), codes.stride(0), scales.stride(0), X.stride(0), tensor_scales_ptr=tensor_amax, amax_ptr=amax,
@@ -633,7 +642,7 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         AS_ROWS=as_rows, H_SPLIT=hadamard is not None and _interpreted(X),
         num_warps=num_warps or (8 if tile_r * tile_c >= 64 * 128 else 4),
         FP64_QUOTIENT=rule == "amax" and (fp64_quotient(X, as_rows) if fp64 is None else fp64),
-        **_scheme_constants(scheme, rule, X.device),
+        **constants,
     )
 
 
