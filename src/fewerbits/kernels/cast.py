@@ -230,21 +230,45 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor,
         tl.store(out_ptr + rows[:, None] * sor + pairs[None, :], (lo | (hi << 4)).to(tl.uint8), mask=keep)
     elif PACK == 3:  # fp6, C a multiple of 16: sixteen codes in three 32-bit words, the bytes of
         # codes.pack (code j at bits 6j … 6j + 5 of its group's little-endian bit string); out_ptr
-        # is the packed codes' int32 view and sor its row stride in words. Word k takes the codes
-        # whose bits start in it (shifted left) and the top bits of one that started below it
+        # is the packed codes' int32 view, sor its row stride and CP its row length in words
+        tl.static_assert(TILE_C % 32 == 0, "fp6 words are stored two groups of 16 codes at a time")
         G: tl.constexpr = TILE_C // 16
-        c = tl.reshape(code.to(tl.uint32), (TILE_R, G, 16))
-        groups = tl.program_id(1) * G + tl.arange(0, G)
-        keep = (rows < R)[:, None] & (groups * 16 < C)[None, :]
-        first = rows[:, None] * sor + groups[None, :] * 3
-        start = (tl.arange(0, 16) * 6)[None, None, :]  # code j's first bit in the group
-        for k in tl.static_range(3):
-            s = start - 32 * k  # that bit's place in word k
-            up = tl.where((s >= 0) & (s < 32), c << tl.minimum(tl.maximum(s, 0), 31).to(tl.uint32), 0)
-            down = tl.where((s < 0) & (s > -6), c >> tl.minimum(tl.maximum(-s, 0), 31).to(tl.uint32), 0)
-            tl.store(out_ptr + first + k, tl.sum(up | down, axis=2), mask=keep)  # disjoint bits: sum = or
+        H: tl.constexpr = G // 2
+        c = tl.reshape(code.to(tl.uint32), (TILE_R, G, 2, 2, 2, 2))  # code 8a + 4b + 2c + d at [a, b, c, d]
+        l0, l1, l2, l3 = _quarters(c)  # the codes ≡ 0, 1, 2, 3 (mod 4), by a and b
+        c0, c4, c8, c12 = _quarters(l0)
+        c1, c5, c9, c13 = _quarters(l1)
+        c2, c6, c10, c14 = _quarters(l2)
+        c3, c7, c11, c15 = _quarters(l3)
+        w0 = c0 | (c1 << 6) | (c2 << 12) | (c3 << 18) | (c4 << 24) | (c5 << 30)
+        w1 = (c5 >> 2) | (c6 << 4) | (c7 << 10) | (c8 << 16) | (c9 << 22) | (c10 << 28)
+        w2 = (c10 >> 4) | (c11 << 2) | (c12 << 8) | (c13 << 14) | (c14 << 20) | (c15 << 26)
+        # Two neighbouring groups' six words as the words 6p … 6p + 7 of a (TILE_R, H, 8) tile,
+        # the last two masked off, so that a thread stores them eight bytes at a time. Stored a
+        # word at a time (a warp's words 12 bytes apart), they took twice as long on the H200
+        # (docs/kernels-notes.md, v52).
+        e0, o0 = tl.split(tl.reshape(w0, (TILE_R, H, 2)))  # the even group's word, the odd one's
+        e1, o1 = tl.split(tl.reshape(w1, (TILE_R, H, 2)))
+        e2, o2 = tl.split(tl.reshape(w2, (TILE_R, H, 2)))
+        z = tl.zeros_like(e0)
+        # word 4i + 2j + k at [i, j, k]: the first join makes i, the last k
+        t = tl.join(tl.join(tl.join(e0, o1), tl.join(e2, z)), tl.join(tl.join(e1, o2), tl.join(o0, z)))
+        m = tl.arange(0, 8)[None, None, :]
+        words = (tl.program_id(1) * H + tl.arange(0, H))[None, :, None] * 6 + m
+        keep = (rows < R)[:, None, None] & (words < CP) & (m < 6)
+        tl.store(out_ptr + rows[:, None, None] * sor + words, tl.reshape(t, (TILE_R, H, 8)), mask=keep)
     else:
         tl.store(out_ptr + rows[:, None] * sor + cols[None, :], code.to(tl.uint8), mask=inside)
+
+
+@triton.jit
+def _quarters(t):
+    """The four tensors t[..., i, j] for (i, j) = (0, 0), (0, 1), (1, 0), (1, 1): t's entries along
+    its last two dimensions, both of size 2, in row-major order."""
+    a, b = tl.split(t)
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    return a0, b0, a1, b1
 
 
 @functools.cache

@@ -575,8 +575,9 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         X = transpose(X.t())  # X.contiguous(), by tiles
     pack = elem.bits == 4 and not values
     # fp6: the kernel packs whole groups of sixteen codes into three 32-bit words where C is a
-    # multiple of 16; otherwise it writes a byte a code, which `codes.pack` packs after it
-    words = elem.bits == 6 and not values and C % 16 == 0
+    # multiple of 16 (and the tile's width of 32); otherwise it writes a byte a code, which
+    # `codes.pack` packs after it
+    words = elem.bits == 6 and not values and C % 16 == 0 and (tile_c or default_tile()[1]) % 32 == 0
     nb = -(-C // bc)
     if values:
         codes = torch.empty(R, C, dtype=torch.bfloat16, device=X.device)
