@@ -215,7 +215,8 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor,
                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
                   NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr = 0.0):
     """Round a tile of scaled values to codes (with this noise where STOCHASTIC) and store them
-    (fp4: two a byte; fp6 with PACK 3: sixteen in three words). CP is the output's row length in bytes ((C + 1) // 2 for fp4), given as
+    (fp4: two a byte; fp6 with PACK 3: sixteen in three 32-bit words). CP is the output's row
+    length in its own elements (bytes: (C + 1) // 2 for fp4; words: 3C / 16 for PACK 3), given as
     an argument rather than computed here: Triton then knows it to be a multiple of 16 where it
     is, hence that a thread's neighbouring bytes in a row are kept or masked off together, and
     stores them with one instruction. Computed from C, it knew neither and stored fp4 codes a
