@@ -573,18 +573,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         from .transpose import transpose
 
         X = transpose(X.t())  # X.contiguous(), by tiles
-    pack = elem.bits == 4 and not values
-    # fp6: the kernel packs whole groups of sixteen codes into three 32-bit words where C is a
-    # multiple of 16 (and the tile's width of 32); otherwise it writes a byte a code, which
-    # `codes.pack` packs after it
-    words = elem.bits == 6 and not values and C % 16 == 0 and (tile_c or default_tile()[1]) % 32 == 0
     nb = -(-C // bc)
-    if values:
-        codes = torch.empty(R, C, dtype=torch.bfloat16, device=X.device)
-    else:
-        width = (C + 1) // 2 if pack else 3 * C // 4 if words else C
-        codes = torch.empty(R, width, dtype=torch.uint8, device=X.device)
-    finish = pack_codes if elem.bits == 6 and not values and not words else lambda c, _: c
     scale_codes = scheme.scale_fmt.bits <= 8
     scales = torch.empty(-(-R // br), nb, dtype=torch.uint8 if scale_codes else torch.float32, device=X.device)
     if as_rows is None:
@@ -595,6 +584,17 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     if br > 1:  # a square-block tile is one block row, its warps by its size (_launch)
         tile_r, warps = br, None
     tile_r, tile_c, num_warps = tile_r or rows, tile_c or cols, num_warps or warps
+    pack = elem.bits == 4 and not values
+    # fp6: the kernel packs whole groups of sixteen codes into three 32-bit words where C is a
+    # multiple of 16 (and the tile's width of 32); otherwise it writes a byte a code, which
+    # `codes.pack` packs after it
+    words = elem.bits == 6 and not values and C % 16 == 0 and tile_c % 32 == 0
+    if values:
+        codes = torch.empty(R, C, dtype=torch.bfloat16, device=X.device)
+    else:
+        width = (C + 1) // 2 if pack else 3 * C // 4 if words else C
+        codes = torch.empty(R, width, dtype=torch.uint8, device=X.device)
+    finish = pack_codes if elem.bits == 6 and not values and not words else lambda c, _: c
     s_dec, given_amax = None, tensor_amax
     tensor_amax = scales  # not read unless two-level
     if scheme.two_level:  # the tensor's amax (the kernel takes the tensor level from it, as
