@@ -8,7 +8,8 @@ import triton.language as tl
 
 import fewerbits as fb
 from fewerbits import kernels
-from fewerbits.kernels.cast import _round_codes, format_constants, native_fp8
+from fewerbits.codes import decode
+from fewerbits.kernels.cast import _round_codes, _round_values, format_constants, native_fp8
 from fewerbits.kernels.rowblock import _divisor, _hadamard_blocks, _quotient
 from fewerbits.rounding import round_to_codes
 from test_quantize import MX, hard_matrix
@@ -601,23 +602,27 @@ def test_the_kernels_quotient_is_the_correctly_rounded_division():
 @triton.jit
 def _fp8_codes(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
                EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr,
-               HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr):
+               HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr,
+               PACKED: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(v_ptr + i, mask=i < N, other=0.0)
-    code = _round_codes(v, 0, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, False, NATIVE_MAX)
+    code = _round_codes(v, 0, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, False, NATIVE_MAX,
+                        PACKED)
     tl.store(out_ptr + i, code.to(tl.uint8), mask=i < N)
 
 
-@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
-def test_fp8_codes_by_the_gpus_conversion_are_the_references(name):
-    """On a GPU that converts fp32 to FP8 in one instruction (NVIDIA, sm_89 on) the kernels take
-    FP8 codes rounded to nearest from that conversion, and they are the reference's codes for
-    every kind of value: random bit patterns over the whole fp32 range (NaN of both signs
-    among them), every code's value, the midpoints between neighbouring codes and the floats
-    just either side of them, tiny values, values past max, ±0, ±inf, NaN. Elsewhere —
-    Triton's interpreter, whose emulated conversion does not round as the reference does —
-    the kernels keep their integer arithmetic, which gives the same codes."""
-    fmt = fb.get_format(name)
+@triton.jit
+def _fp8_values(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.constexpr, EMIN: tl.constexpr,
+                EMAX: tl.constexpr, HAS_NAN: tl.constexpr, NATIVE_MAX: tl.constexpr, MAX_VALUE: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(v_ptr + i, mask=i < N, other=0.0)
+    tl.store(out_ptr + i, _round_values(v, 0, M, EMIN, EMAX, MAX_VALUE, HAS_NAN, False, E, NATIVE_MAX), mask=i < N)
+
+
+def _fp8_edge_values(fmt) -> torch.Tensor:
+    """fp32 values of every kind for an FP8 format: random bit patterns over the whole fp32 range
+    (NaN of both signs among them), every code's value, the midpoints between neighbouring codes
+    and the floats just either side of them, tiny values, values past max, ±0, ±inf, NaN."""
     gen = torch.Generator().manual_seed(11)
     random = torch.randint(-2**31, 2**31, (1 << 16,), dtype=torch.int32, generator=gen).view(torch.float32)
     grid = torch.tensor([fmt.decode_magnitude(c) for c in range(fmt.max_code + 1)], dtype=torch.float32)
@@ -626,14 +631,56 @@ def test_fp8_codes_by_the_gpus_conversion_are_the_references(name):
                        torch.tensor([0.0, 1e-45, 1e-30, fmt.max * 1.03, fmt.max * 1.07, 3e38, float("inf"),
                                      float("nan")])])
     v = torch.cat([random, random * 2.0**-120, edges, -edges]).to(DEVICE)
-    expected_native = DEVICE == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability() >= (8, 9)
-    constants = format_constants(fmt, v.device)
-    assert (constants["NATIVE_MAX"] == fmt.max) == expected_native == native_fp8(fmt, v.device)
-    out = torch.empty(v.shape, dtype=torch.uint8, device=DEVICE)
-    _fp8_codes[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, **constants)
-    ref = round_to_codes(v.cpu(), fmt)
     assert (v.isnan() & (v.view(torch.int32) < 0)).any() and (v.isnan() & (v.view(torch.int32) > 0)).any()
-    assert torch.equal(out.cpu(), ref)
+    return v
+
+
+def _expect_native(fmt, device) -> dict:
+    """The format's kernel constants, after checking that they take the GPU's conversion exactly
+    where one is expected (NVIDIA from sm_89; not Triton's interpreter)."""
+    expected_native = DEVICE == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability() >= (8, 9)
+    constants = format_constants(fmt, device)
+    assert (constants["NATIVE_MAX"] == fmt.max) == expected_native == native_fp8(fmt, device)
+    return constants
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_codes_by_the_gpus_conversion_are_the_references(name, packed):
+    """On a GPU that converts fp32 to FP8 in one instruction (NVIDIA, sm_89 on) the kernels take
+    FP8 codes rounded to nearest from that conversion, and they are the reference's codes for
+    every kind of value: random bit patterns over the whole fp32 range (NaN of both signs
+    among them), every code's value, the midpoints between neighbouring codes and the floats
+    just either side of them, tiny values, values past max, ±0, ±inf, NaN — in both forms of
+    `_native_fp8_codes`, four elements at a time in PTX (packed) and element by element.
+    Elsewhere — Triton's interpreter, whose emulated conversion does not round as the reference
+    does — the kernels keep their integer arithmetic, which gives the same codes."""
+    fmt = fb.get_format(name)
+    v = _fp8_edge_values(fmt)
+    constants = _expect_native(fmt, v.device)
+    out = torch.empty(v.shape, dtype=torch.uint8, device=DEVICE)
+    _fp8_codes[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, PACKED=packed, **constants)
+    assert torch.equal(out.cpu(), round_to_codes(v.cpu(), fmt))
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_values_by_the_gpus_conversions_are_the_references(name):
+    """The values kernel's FP8 elements rounded to nearest (`_round_values`: on such a GPU by the
+    conversions to FP8 and back through fp16, elsewhere by one fp32 addition) are the values of
+    the reference's codes, bit for bit, for the same values of every kind: ±0 and values that
+    round to zero keep their sign, values past max and ±inf give ±max, NaN gives NaN."""
+    fmt = fb.get_format(name)
+    v = _fp8_edge_values(fmt)
+    constants = _expect_native(fmt, v.device)
+    keys = ("E", "M", "EMIN", "EMAX", "HAS_NAN", "NATIVE_MAX")
+    out = torch.empty(v.shape, dtype=torch.float32, device=DEVICE)
+    _fp8_values[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, MAX_VALUE=float(fmt.max),
+                                              **{k: constants[k] for k in keys})
+    ref = decode(round_to_codes(v.cpu(), fmt), fmt)
+    nan = ref.isnan()
+    assert nan.any() and (ref.view(torch.int32) == torch.tensor(0.0).neg().view(torch.int32)).any()
+    assert torch.equal(out.cpu().isnan(), nan)
+    assert torch.equal(out.cpu()[~nan].view(torch.int32), ref[~nan].view(torch.int32))
 
 
 @pytest.mark.parametrize("size", [16, 32])

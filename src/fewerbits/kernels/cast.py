@@ -18,8 +18,9 @@ int32 draw, passed in (kernels/rowblock.py computes it from the reference's seed
 `_round_values` (the values kernel's elements, no codes) rounds to nearest another way to the
 same values: one fp32 addition of a power of two whose spacing is the quantum. FP8 codes
 rounded to nearest on a GPU that converts fp32 to FP8 itself (NVIDIA from sm_89) come from that
-conversion, clamped so that it saturates (`_native_fp8_codes`): the same codes in a few
-instructions (tests/test_kernels.py checks them against the reference on the GPU).
+conversion, which saturates (`_native_fp8_codes`, four elements in a few PTX instructions), and
+the values kernel's FP8 values from it and the conversion back (`_native_fp8_values`): the same
+bits (tests/test_kernels.py checks both against the reference on the GPU).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _round_units(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constex
 def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                  EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
                  NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, STOCHASTIC: tl.constexpr,
-                 NATIVE_MAX: tl.constexpr = 0.0):
+                 NATIVE_MAX: tl.constexpr = 0.0, NATIVE_PACKED: tl.constexpr = True):
     """The element codes of a tile of scaled values (as int32: sign bit, exponent field,
     mantissa; two's complement for integers). FP8 rounded to nearest on a GPU that converts to
     it (NATIVE_MAX, the format's max, from `format_constants`) takes the GPU's conversion
@@ -70,7 +71,7 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
     takes the values path's one addition (`_nearest_magnitude`) and the code from the rounded
     value's fp32 bits (`_nearest_codes`)."""
     if NATIVE_MAX > 0 and not STOCHASTIC:
-        return _native_fp8_codes(v, E, M, HAS_NAN, NAN_CODE, NATIVE_MAX)
+        return _native_fp8_codes(v, E, M, HAS_NAN, NAN_CODE, NATIVE_MAX, NATIVE_PACKED)
     if not STOCHASTIC and not IS_INT and EMIN == 1 - BIAS:
         return _nearest_codes(v, E, M, BIAS, EMIN, EMAX, MAX_CODE, HAS_NAN, NAN_CODE)
     neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
@@ -125,35 +126,103 @@ def _nearest_codes(v, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN
 
 @triton.jit
 def _native_fp8_codes(v, E: tl.constexpr, M: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr,
-                      MAX_VALUE: tl.constexpr):
+                      MAX_VALUE: tl.constexpr, PACKED: tl.constexpr = True):
     """`_round_codes` rounding to nearest for FP8 E4M3 (E = 4) or E5M2 by the GPU's conversion
-    from fp32 (on sm_89 and later one `cvt.rn.satfinite` instruction for two elements, where
+    from fp32 (on sm_89 and later `cvt.rn.satfinite`, two elements an instruction, where
     `_nearest_codes` takes about twenty): round half to even with subnormals, as the reference
-    rounds; the clamp to ±max first makes it saturate whatever the conversion does past max
-    (±inf included), and NaN, whose sign the conversion drops, gets the reference's code, its
-    sign bit kept. ±0 and values that round to zero keep their sign, as the reference's codes."""
-    c = tl.minimum(tl.maximum(v, -MAX_VALUE), MAX_VALUE)
-    if E == 4:
-        code = c.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    rounds; past ±max (±inf included) the conversion saturates, as the reference does. A NaN
+    converts to a NaN code without its sign, so the reference's NaN code, sign kept, is put in
+    after. ±0 and values that round to zero keep their sign, as the reference's codes.
+
+    PACKED: four elements in one piece of PTX — two conversions, their signs' bytes by `prmt`
+    (mode 8 of a selector nibble repeats the chosen byte's top bit), one OR: each code takes
+    its element's sign bit, which it has already unless the element is a NaN (whose E4M3 code
+    is then the reference's; an E5M2 byte whose low seven bits are 0x7F can only be a NaN's and
+    becomes the reference's 0x7E): seven to eight SASS instructions an element fewer than
+    the element-by-element form below (a clamp, the conversion, a select for NaN, the codes
+    taken out of the conversion's pairs and packed again for the store); docs/kernels-notes.md,
+    v53. That form stays for the one tile where the packed one made the kernel slower
+    (`_rowblock_kernel`'s square blocks of bf16)."""
+    if PACKED:
+        if E == 4:
+            cvt: tl.constexpr = "cvt.rn.satfinite.e4m3x2.f32"
+            fix: tl.constexpr = ""
+        else:
+            cvt: tl.constexpr = "cvt.rn.satfinite.e5m2x2.f32"
+            fix: tl.constexpr = """
+            and.b32 t, $0, 0x7f7f7f7f;
+            add.u32 t, t, 0x01010101;
+            and.b32 t, t, 0x80808080;
+            shr.u32 t, t, 7;
+            xor.b32 $0, $0, t;"""
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b16 lo, hi;
+            .reg .b32 w, s, t;
+            """ + cvt + """ lo, $2, $1;
+            """ + cvt + """ hi, $4, $3;
+            mov.b32 w, {lo, hi};
+            prmt.b32 s, $1, $2, 0xfb;
+            prmt.b32 t, $3, $4, 0xfb00;
+            prmt.b32 s, s, t, 0x7610;
+            and.b32 s, s, 0x80808080;
+            or.b32 $0, w, s;""" + fix + """
+            }""",
+            "=r,r,r,r,r", [v], dtype=tl.uint8, is_pure=True, pack=4).to(tl.int32)
     else:
-        code = c.to(tl.float8e5, fp_downcast_rounding="rtne")
-    code = code.to(tl.uint8, bitcast=True).to(tl.int32)
-    if HAS_NAN:
-        sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32) << (E + M)
-        code = tl.where(v != v, NAN_CODE | sign, code)
-    return code
+        c = tl.minimum(tl.maximum(v, -MAX_VALUE), MAX_VALUE)
+        if E == 4:
+            code = c.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        else:
+            code = c.to(tl.float8e5, fp_downcast_rounding="rtne")
+        code = code.to(tl.uint8, bitcast=True).to(tl.int32)
+        if HAS_NAN:
+            sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32) << (E + M)
+            code = tl.where(v != v, NAN_CODE | sign, code)
+        return code
+
+
+@triton.jit
+def _native_fp8_values(v, E: tl.constexpr):
+    """`_round_values` rounding to nearest for FP8 E4M3 (E = 4) or E5M2 by the GPU's
+    conversions, two elements at a time: to the codes (`cvt.rn.satfinite`, as
+    `_native_fp8_codes`), back to fp16 (every FP8 value is an fp16 value, so exactly), then to
+    fp32. Past ±max and at ±inf: ±max; ±0 and values that round to zero: a zero of their
+    sign; NaN: NaN. In MXFP8's values kernel about nine SASS instructions an element fewer
+    than the fp32 addition's way (docs/kernels-notes.md, v53)."""
+    if E == 4:
+        cvt: tl.constexpr = "cvt.rn.satfinite.e4m3x2.f32"
+        back: tl.constexpr = "cvt.rn.f16x2.e4m3x2"
+    else:
+        cvt: tl.constexpr = "cvt.rn.satfinite.e5m2x2.f32"
+        back: tl.constexpr = "cvt.rn.f16x2.e5m2x2"
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b16 c, lo, hi;
+        .reg .b32 h;
+        """ + cvt + """ c, $3, $2;
+        """ + back + """ h, c;
+        mov.b32 {lo, hi}, h;
+        cvt.f32.f16 $0, lo;
+        cvt.f32.f16 $1, hi;
+        }""",
+        "=r,=r,r,r", [v], dtype=tl.float32, is_pure=True, pack=2)
 
 
 @triton.jit
 def _round_values(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_VALUE: tl.constexpr,
-                  HAS_NAN: tl.constexpr, STOCHASTIC: tl.constexpr):
+                  HAS_NAN: tl.constexpr, STOCHASTIC: tl.constexpr, E: tl.constexpr = 0,
+                  NATIVE_MAX: tl.constexpr = 0.0):
     """The values `_round_codes`' codes decode to, for a floating-point element format, without
     the codes: ±min(r · 2^(e − M), max) (exact: r is an integer of at most M + 2 bits), ±max
     where v is not finite, NaN for NaN where the format has one — a code past the largest
     finite one is a value past max, which the code's saturation turns into max.
 
     Rounding to nearest takes a shorter way to the same value: one fp32 addition and
-    subtraction (`_nearest_magnitude`), then saturation."""
+    subtraction (`_nearest_magnitude`), then saturation; FP8 where the GPU converts to it
+    (NATIVE_MAX, as `_round_codes`), its conversions (`_native_fp8_values`)."""
+    if NATIVE_MAX > 0 and not STOCHASTIC:
+        return _native_fp8_values(v, E)
     if STOCHASTIC:
         neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
         mag = tl.minimum(r * ((e - M + 127) << 23).to(tl.float32, bitcast=True), MAX_VALUE)
@@ -213,7 +282,8 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor,
                   TILE_R: tl.constexpr, TILE_C: tl.constexpr, STOCHASTIC: tl.constexpr, PACK: tl.constexpr,
                   E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
-                  NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr = 0.0):
+                  NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr = 0.0,
+                  NATIVE_PACKED: tl.constexpr = True):
     """Round a tile of scaled values to codes (with this noise where STOCHASTIC) and store them
     (fp4: two a byte; fp6 with PACK 3: sixteen in three 32-bit words). CP is the output's row
     length in its own elements (bytes: (C + 1) // 2 for fp4; words: 3C / 16 for PACK 3), given as
@@ -221,9 +291,9 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor,
     is, hence that a thread's neighbouring bytes in a row are kept or masked off together, and
     stores them with one instruction. Computed from C, it knew neither and stored fp4 codes a
     byte at a time, which took MXFP4's codes about twice as long on the H200
-    (docs/kernels-notes.md, v50)."""
+    (docs/kernels-notes.md, v50). NATIVE_PACKED: as `_native_fp8_codes`' PACKED."""
     code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
-                        NATIVE_MAX)
+                        NATIVE_MAX, NATIVE_PACKED)
     if PACK == 2:  # two codes a byte, the first in the low nibble; padding columns are code 0
         lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
         pairs = tl.program_id(1) * (TILE_C // 2) + tl.arange(0, TILE_C // 2)

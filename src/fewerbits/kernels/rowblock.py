@@ -298,7 +298,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                                 STOCHASTIC)
             elems = tl.load(elem_table + code)
         else:
-            elems = _round_values(v, noise, M, EMIN, EMAX, MAX_VALUE, HAS_NAN, STOCHASTIC)
+            elems = _round_values(v, noise, M, EMIN, EMAX, MAX_VALUE, HAS_NAN, STOCHASTIC, E, NATIVE_MAX)
         values = elems * scale[:, :, None]
         tl.store(out_ptr + rows3 * sor + cols3, _to_bf16(values), mask=inside3)
     else:
@@ -308,9 +308,12 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         noise = 0
         if STOCHASTIC:
             noise = _seed_noise(seed_ptr, rows[:, None], cols[None, :], C)
+        # square blocks of bf16 keep the FP8 codes' element-by-element form: with the packed one
+        # the compiler gave a 128 x 128 tile 146 registers a thread instead of 128, one program
+        # an SM instead of two, 20% slower on the H200 (docs/kernels-notes.md, v53)
         _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor, TILE_R, TILE_C,
                       STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT,
-                      NATIVE_MAX)
+                      NATIVE_MAX, NATIVE_PACKED=not (BR > 1 and X_BF16))
 
 
 @triton.jit(do_not_specialize=["row_stride"])
