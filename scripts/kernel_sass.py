@@ -7,12 +7,15 @@ and for both ways the kernel reads its input — along rows (the inner dimension
 memory: `quantize(x, axis=-1)`) and along columns (a transposed view, `axis=0`: the weight-
 gradient operands) — it compiles `kernels/rowblock.py`'s `_rowblock_kernel` with Triton's own
 compiler and ptxas (both in the triton wheel) and prints, per variant, the SASS instruction
-count of the whole kernel and per element (one tile of the library's choice: 16 × 128 at 4
-warps; 16 × 256 at 8 warps where a column read is laid out as a row read,
+count of the whole kernel and per element (one tile of the library's choice,
+`rowblock.default_tile`, for a row read and for a column read laid out as a row read,
 `rowblock.column_read_as_rows`; the rows of a row-major copy where the library transposes a
 column read first, `rowblock.column_read_transposed_first`), the registers a thread, the
 shared memory, and the instructions that move the tile between layouts (STS/LDS through shared
 memory, BAR barriers, SHFL lane shuffles).
+
+FP8 elements are rounded by the GPU's conversion where the target has one (sm_89 on), as the
+library does on such a GPU (`cast.native_fp8`).
 
 These are static counts, not a timing: a count that grows, or barriers and shared memory that
 appear, show where a variant does more work per element; only the GPU says how much that costs.
@@ -37,6 +40,7 @@ from triton.compiler import ASTSource
 from fewerbits.hadamard import Hadamard
 from fewerbits.kernels import rowblock
 from fewerbits.kernels.cast import format_constants
+from fewerbits.rounding import NATIVE_FP8
 from fewerbits.schemes import get_scheme
 
 KERNEL = rowblock._rowblock_kernel
@@ -80,7 +84,7 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
         KMIN=s.scale_fmt.emin, KMAX=s.scale_fmt.emax, EMAX_ELEM=elem.emax, STOCHASTIC=stochastic,
         PACK=2 if elem.bits == 4 else 1, SCALE_CODES=s.scale_fmt.bits <= 8, AMAX_MODE=0, X_BF16=True, BR=1,
         VALUES=True, MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard else 0, H_SPLIT=False,
-        **format_constants(elem))
+        **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if elem.name in NATIVE_FP8 and arch >= 89 else 0.0})
     constants["sxc" if along == "rows" else "sxr"] = 1  # as Triton specializes a stride of 1
     signature = {p: "constexpr" if p in constants else POINTERS.get(p, "fp32" if p in FLOATS else "i32")
                  for p in PARAMS}
