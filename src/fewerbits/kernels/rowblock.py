@@ -310,7 +310,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
             noise = _seed_noise(seed_ptr, rows[:, None], cols[None, :], C)
         # square blocks of bf16 keep the FP8 codes' element-by-element form: with the packed one
         # the compiler gave a 128 x 128 tile 146 registers a thread instead of 128, one program
-        # an SM instead of two, 20% slower on the H200 (docs/kernels-notes.md, v53)
+        # an SM instead of two, 12–21% slower on the H200 (docs/kernels-notes.md, v53)
         _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor, TILE_R, TILE_C,
                       STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT,
                       NATIVE_MAX, NATIVE_PACKED=not (BR > 1 and X_BF16))
