@@ -143,7 +143,8 @@ def _native_fp8_codes(v, E: tl.constexpr, M: tl.constexpr, HAS_NAN: tl.constexpr
     taken out of the conversion's pairs and packed again for the store); docs/kernels-notes.md,
     v53. That form stays for the one tile where the packed one made the kernel slower
     (`_rowblock_kernel`'s square blocks of bf16)."""
-    if PACKED:
+    if PACKED:  # the NaN codes it puts in are the formats' own (formats.py)
+        tl.static_assert(HAS_NAN and NAN_CODE == (0x7F if E == 4 else 0x7E))
         if E == 4:
             cvt: tl.constexpr = "cvt.rn.satfinite.e4m3x2.f32"
             fix: tl.constexpr = ""
