@@ -67,7 +67,7 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
     """The element codes of a tile of scaled values (as int32: sign bit, exponent field,
     mantissa; two's complement for integers). FP8 rounded to nearest on a GPU that converts to
     it (NATIVE_MAX, the format's max, from `format_constants`) takes the GPU's conversion
-    (`_native_fp8_codes`); another floating-point format with subnormals, rounded to nearest,
+    (`_native_fp8_codes`, in its packed form unless NATIVE_PACKED is False); another floating-point format with subnormals, rounded to nearest,
     takes the values path's one addition (`_nearest_magnitude`) and the code from the rounded
     value's fp32 bits (`_nearest_codes`)."""
     if NATIVE_MAX > 0 and not STOCHASTIC:
@@ -343,18 +343,21 @@ def _quarters(t):
     return a0, b0, a1, b1
 
 
+NATIVE_FP8_CAPABILITY = (8, 9)  # the first NVIDIA compute capability with cvt to FP8 (sm_89)
+
+
 @functools.cache
 def _converts_fp8(device: torch.device) -> bool:
     """Whether the kernels compiled for this device convert fp32 to FP8 natively: an NVIDIA GPU
-    of compute capability 8.9 or later (Ada, Hopper, Blackwell). Not Triton's interpreter,
-    whose conversion is emulated, nor ROCm's FP8 (other formats of the same names)."""
+    of compute capability NATIVE_FP8_CAPABILITY or later (Ada, Hopper, Blackwell). Not Triton's
+    interpreter, whose conversion is emulated, nor ROCm's FP8 (other formats of the same names)."""
     return (device.type == "cuda" and torch.version.hip is None
-            and torch.cuda.get_device_capability(device) >= (8, 9))
+            and torch.cuda.get_device_capability(device) >= NATIVE_FP8_CAPABILITY)
 
 
 def native_fp8(fmt: FloatFormat, device: torch.device | None) -> bool:
-    """Whether the kernels round to this format's codes by the GPU's conversion
-    (`_native_fp8_codes`, the reference's bits) on this device: the FP8 formats whose compiled
+    """Whether the kernels round to this format's codes and values by the GPU's conversions
+    (`_native_fp8_codes`, `_native_fp8_values`: the reference's bits) on this device: the FP8 formats whose compiled
     codes come from torch's conversion too (`rounding.NATIVE_FP8`)."""
     return device is not None and fmt.name in NATIVE_FP8 and _converts_fp8(torch.device(device))
 
