@@ -737,7 +737,8 @@ def _near_code_midpoints(rows: int, seed: int) -> torch.Tensor:
     """fp32 rows of 1x128 blocks whose quotients by their block's scale lie at or a unit either
     side of E4M3's rounding midpoints (x = fp32(midpoint · scale) and its neighbours; the block's
     first element holds its amax, so its scale is amax / 448, rarely a power of two), plus
-    blocks with quotients below fp32's normal range, zero blocks and NaN / ±inf."""
+    blocks with quotients below fp32's normal range (one of −2^−133 beside 2^30, whose codes
+    are −0), zero blocks (one of −0) and NaN / ±inf."""
     gen = torch.Generator().manual_seed(seed)
     v = torch.tensor(fb.get_format("fp8_e4m3").code_values()[:0x7F], dtype=torch.float64)  # 0 … 448
     mids = (v[1:] + v[:-1]) / 2  # every midpoint of neighbouring non-negative codes
@@ -753,6 +754,8 @@ def _near_code_midpoints(rows: int, seed: int) -> torch.Tensor:
     x[:, 0] = amax.float().squeeze(1)
     x[1, 1:] = x[1, 0] * 2.0**-140  # quotients below fp32's normal range
     x[2] = 0.0
+    x[6, 0], x[6, 1:64], x[6, 64:] = 2.0**30, -(2.0**-133), -0.0
+    x[7] = -0.0
     x[3, 7], x[4, 9], x[5, 11] = float("nan"), float("inf"), -float("inf")
     return x
 
