@@ -15,7 +15,7 @@ shared memory, and the instructions that move the tile between layouts (STS/LDS 
 memory, BAR barriers, SHFL lane shuffles).
 
 FP8 elements are rounded by the GPU's conversion where the target has one (from
-`cast.NATIVE_FP8_CAPABILITY`, sm_89), as the library does on such a GPU (`cast.native_fp8`).
+`cast.native_fp8_on`: sm_89 on), as the library does on such a GPU (`cast.native_fp8`).
 
 These are static counts, not a timing: a count that grows, or barriers and shared memory that
 appear, show where a variant does more work per element; only the GPU says how much that costs.
@@ -39,8 +39,7 @@ from triton.compiler import ASTSource
 
 from fewerbits.hadamard import Hadamard
 from fewerbits.kernels import rowblock
-from fewerbits.kernels.cast import NATIVE_FP8_CAPABILITY, format_constants
-from fewerbits.rounding import NATIVE_FP8
+from fewerbits.kernels.cast import format_constants, native_fp8_on
 from fewerbits.schemes import get_scheme
 
 KERNEL = rowblock._rowblock_kernel
@@ -84,7 +83,7 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
         KMIN=s.scale_fmt.emin, KMAX=s.scale_fmt.emax, EMAX_ELEM=elem.emax, STOCHASTIC=stochastic,
         PACK=2 if elem.bits == 4 else 1, SCALE_CODES=s.scale_fmt.bits <= 8, AMAX_MODE=0, X_BF16=True, BR=1,
         VALUES=True, MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard else 0, H_SPLIT=False,
-        **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if elem.name in NATIVE_FP8 and divmod(arch, 10) >= NATIVE_FP8_CAPABILITY else 0.0})
+        **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     constants["sxc" if along == "rows" else "sxr"] = 1  # as Triton specializes a stride of 1
     signature = {p: "constexpr" if p in constants else POINTERS.get(p, "fp32" if p in FLOATS else "i32")
                  for p in PARAMS}

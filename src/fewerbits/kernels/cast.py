@@ -67,9 +67,10 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
     """The element codes of a tile of scaled values (as int32: sign bit, exponent field,
     mantissa; two's complement for integers). FP8 rounded to nearest on a GPU that converts to
     it (NATIVE_MAX, the format's max, from `format_constants`) takes the GPU's conversion
-    (`_native_fp8_codes`, in its packed form unless NATIVE_PACKED is False); another floating-point format with subnormals, rounded to nearest,
-    takes the values path's one addition (`_nearest_magnitude`) and the code from the rounded
-    value's fp32 bits (`_nearest_codes`)."""
+    (`_native_fp8_codes`, in its packed form unless NATIVE_PACKED is False); another
+    floating-point format with subnormals, rounded to nearest, takes the values path's one
+    addition (`_nearest_magnitude`) and the code from the rounded value's fp32 bits
+    (`_nearest_codes`)."""
     if NATIVE_MAX > 0 and not STOCHASTIC:
         return _native_fp8_codes(v, E, M, HAS_NAN, NAN_CODE, NATIVE_MAX, NATIVE_PACKED)
     if not STOCHASTIC and not IS_INT and EMIN == 1 - BIAS:
@@ -135,7 +136,8 @@ def _native_fp8_codes(v, E: tl.constexpr, M: tl.constexpr, HAS_NAN: tl.constexpr
     after. ±0 and values that round to zero keep their sign, as the reference's codes.
 
     PACKED: four elements in one piece of PTX — two conversions, their signs' bytes by `prmt`
-    (mode 8 of a selector nibble repeats the chosen byte's top bit), one OR: each code takes
+    (mode 8 of a selector nibble repeats the chosen byte's top bit), an AND that keeps those
+    top bits, one OR: each code takes
     its element's sign bit, which it has already unless the element is a NaN (whose E4M3 code
     is then the reference's; an E5M2 byte whose low seven bits are 0x7F can only be a NaN's and
     becomes the reference's 0x7E): seven to eight SASS instructions an element fewer than
@@ -346,20 +348,29 @@ def _quarters(t):
 NATIVE_FP8_CAPABILITY = (8, 9)  # the first NVIDIA compute capability with cvt to FP8 (sm_89)
 
 
+def native_fp8_on(fmt: FloatFormat, capability: tuple[int, int]) -> bool:
+    """Whether kernels compiled for an NVIDIA GPU of this compute capability round to this
+    format's codes and values by the GPU's conversions: the FP8 formats whose compiled codes
+    come from torch's conversion too (`rounding.NATIVE_FP8`), from NATIVE_FP8_CAPABILITY on
+    (Ada, Hopper, Blackwell)."""
+    return fmt.name in NATIVE_FP8 and tuple(capability) >= NATIVE_FP8_CAPABILITY
+
+
 @functools.cache
-def _converts_fp8(device: torch.device) -> bool:
-    """Whether the kernels compiled for this device convert fp32 to FP8 natively: an NVIDIA GPU
-    of compute capability NATIVE_FP8_CAPABILITY or later (Ada, Hopper, Blackwell). Not Triton's
-    interpreter, whose conversion is emulated, nor ROCm's FP8 (other formats of the same names)."""
-    return (device.type == "cuda" and torch.version.hip is None
-            and torch.cuda.get_device_capability(device) >= NATIVE_FP8_CAPABILITY)
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of an NVIDIA GPU; None for anything else: Triton's interpreter,
+    whose conversion is emulated, or ROCm, whose FP8 are other formats of the same names."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return None
+    return torch.cuda.get_device_capability(device)
 
 
 def native_fp8(fmt: FloatFormat, device: torch.device | None) -> bool:
     """Whether the kernels round to this format's codes and values by the GPU's conversions
-    (`_native_fp8_codes`, `_native_fp8_values`: the reference's bits) on this device: the FP8 formats whose compiled
-    codes come from torch's conversion too (`rounding.NATIVE_FP8`)."""
-    return device is not None and fmt.name in NATIVE_FP8 and _converts_fp8(torch.device(device))
+    (`_native_fp8_codes`, `_native_fp8_values`: the reference's bits) on this device
+    (`native_fp8_on` its compute capability)."""
+    capability = _capability(torch.device(device)) if device is not None else None
+    return capability is not None and native_fp8_on(fmt, capability)
 
 
 def cdiv(a: int, b: int) -> int:
