@@ -299,6 +299,42 @@ def test_column_amaxes_are_torchs_reduction_of_a_bf16_column_read():
             rowblock.column_amaxes(bad)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_tensor_amax_is_torchs_reduction(dtype):
+    """`amax_by_kernel` (per-tensor FP8's and NVFP4's tensor amax) is torch's reduction: its
+    value where finite (inf where X holds inf), NaN where X holds NaN (anywhere: first, last,
+    past the first program's blocks), 0 for zeros and −0, and for an empty X (which torch
+    refuses); the kernel over
+    a contiguous X and over the transposed view of one, with tiles that make each program
+    take several blocks, a ragged last block, and subnormals as the largest magnitude; torch's
+    reduction for a view whose elements do not fill its memory, and for other dtypes."""
+    from fewerbits.kernels import rowblock
+
+    def check(X, tile=None):
+        got, want = rowblock.amax_by_kernel(X, tile=tile), torch.linalg.vector_norm(X, ord=float("inf")).float()
+        assert got.dtype == torch.float32 and got.shape == () and bool(got.isnan()) == bool(want.isnan()), (got, want)
+        assert want.isnan() or torch.equal(got, want), (got, want, tile)
+
+    x = torch.from_numpy(hard_matrix(300, 257, seed=5, specials=False)).to(DEVICE).to(dtype)
+    for tile in (None, (1024, 4, 2)):
+        for X in (x, x.t().contiguous().t(), x.t()):
+            check(X, tile)
+            y = X.clone()
+            y[-1, -1] = float("inf")
+            check(y, tile)
+            for at in ((0, 0), (-1, -1), (150, 100)):
+                y = X.clone()
+                y[at] = -float("nan") if at[0] else float("nan")
+                check(y, tile)
+    tiny = torch.full((33, 70), -(2.0 ** -133), device=DEVICE).to(dtype)
+    tiny[5, 7] = 2.0 ** -130
+    check(tiny, (64, 1, 2))
+    check(torch.zeros(5, 9, device=DEVICE, dtype=dtype) * -1.0)
+    assert rowblock.amax_by_kernel(torch.empty(0, 4, device=DEVICE, dtype=dtype)).item() == 0.0  # torch refuses
+    check(x[::2, ::3])  # strided: torch's reduction
+    check(x.half())
+
+
 @pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor", "nvfp4", "nvfp4_16x16"])
 def test_a_given_tensor_amax_gives_the_tensors_own_codes(name):
     """quantize(x, tensor_amax=max |x|) — a weight's amax as the fused AdamW finds it — is

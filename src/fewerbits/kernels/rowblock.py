@@ -607,7 +607,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         if given_amax is not None:
             tensor_amax = given_amax.reshape(())
         elif hadamard is None:  # the max of |x| in one reduction: exact, NaN propagating
-            tensor_amax = torch.linalg.vector_norm(X, ord=float("inf")).float()
+            tensor_amax = amax_by_kernel(X)
         else:  # the max over the transformed blocks, by the transform's own kernel
             bits = torch.zeros((), dtype=torch.int32, device=X.device)
             _hadamard_amax_kernel[(cdiv(R, tile_r), cdiv(C, tile_c))](
@@ -760,6 +760,57 @@ def column_amaxes(X: torch.Tensor, *, tile: tuple[int, int, int] | None = None) 
     return bits.view(torch.float32)
 
 
+@triton.jit
+def _tensor_amax_kernel(x_ptr, amax_bits_ptr, N, BLOCK: tl.constexpr, X_BF16: tl.constexpr):
+    """The largest |x| bit pattern of x_ptr[0:N] (NaN above inf) by an atomic max into
+    *amax_bits_ptr (int32, starting at 0): each program takes the blocks of BLOCK elements
+    pid, pid + programs, … in turn and keeps their maximum, so there is one atomic a program.
+    bf16 (as int16 bits) is compared as its 15 magnitude bits, then shifted to fp32's place."""
+    programs = tl.num_programs(0)
+    offsets = tl.arange(0, BLOCK)
+    best = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in tl.range(tl.program_id(0) * BLOCK, N, programs * BLOCK):
+        at = start + offsets
+        if X_BF16:
+            bits = tl.load(x_ptr + at, mask=at < N, other=0).to(tl.int32) & 0x7FFF
+        else:
+            bits = tl.load(x_ptr + at, mask=at < N, other=0.0).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        best = tl.maximum(best, bits)
+    top = tl.max(best, axis=0)
+    tl.atomic_max(amax_bits_ptr, (top << 16) if X_BF16 else top)
+
+
+# `_tensor_amax_kernel`'s BLOCK, warps and programs an SM at most, by dtype: 16 KiB a block for
+# both; the fastest of six on an H200 (docs/kernels-notes.md, v55)
+TENSOR_AMAX_TILE = {torch.bfloat16: (8192, 4, 4), torch.float32: (4096, 4, 8)}
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def amax_by_kernel(X: torch.Tensor, *, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """fp32 max of |x| over X (0-d), NaN where X holds a NaN: `torch.linalg.vector_norm(X,
+    inf).float()`, for bf16 and fp32 by `_tensor_amax_kernel` over X's memory where X's
+    elements fill it (contiguous, or the transposed view of a contiguous matrix), else by
+    torch. A NaN comes back as the NaN pattern of largest magnitude in X, not necessarily
+    torch's NaN; the callers treat every NaN alike. X empty: 0. tile: (BLOCK, warps, programs
+    an SM), for timing (default `TENSOR_AMAX_TILE[X.dtype]`)."""
+    dense = X.is_contiguous() or (X.dim() == 2 and X.t().is_contiguous())
+    if X.dtype not in (torch.bfloat16, torch.float32) or not dense or X.numel() >= 2**31 - 2**26:  # int32 offsets
+        return torch.linalg.vector_norm(X, ord=float("inf")).float()
+    flat = (X if X.is_contiguous() else X.t()).reshape(-1)
+    bits = torch.zeros((), dtype=torch.int32, device=X.device)
+    n = flat.numel()
+    if n:
+        block, warps, per_sm = tile or TENSOR_AMAX_TILE[X.dtype]
+        grid = (min(cdiv(n, block), _sm_count(X.device) * per_sm),)
+        _tensor_amax_kernel[grid](_bits(flat), bits, n, BLOCK=block, X_BF16=X.dtype == torch.bfloat16,
+                                  num_warps=warps)
+    return bits.view(torch.float32)
+
+
 def column_codes_supported(X: torch.Tensor, scheme: Scheme) -> bool:
     """Whether `quantize_with_amax` quantizes X's rows by `_column_codes_kernel`: one block per
     row, X's rows contiguous in memory (a column read: fp8_rowwise's column-wise copies), codes
@@ -828,7 +879,7 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     elif tensor_amax is not None:
         actual = tensor_amax
     else:
-        actual = torch.linalg.vector_norm(X, ord=inf)
+        actual = amax_by_kernel(X)
     actual = actual.float().reshape(-1)
     if amax is not None:
         actual = torch.where(torch.isfinite(actual), check_amax(amax, actual), actual)
