@@ -148,7 +148,7 @@ def test_fp6_codes_of_the_kernels_are_packed_as_the_reference_packs_them(axis, s
         assert same(a, b), scheme.describe()
 
 
-@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "fp8_e5m2_tensor", "mxfp6_e3m2"])
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "fp8_e5m2_tensor", "mxfp6_e3m2", "fp8_e4m3_1x128", "fp8_e4m3_128x128"])
 def test_stochastic_rounding_uses_the_same_noise(name):
     x = torch.randn(33, 70, device=DEVICE) * 3
     gen = lambda: torch.Generator(device=DEVICE).manual_seed(4)  # noqa: E731

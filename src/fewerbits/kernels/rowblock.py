@@ -213,7 +213,8 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                      SCALE_CODES: tl.constexpr, AMAX_MODE: tl.constexpr,
                      X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr,
                      MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr,
-                     NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False, FP64_QUOTIENT: tl.constexpr = False):
+                     NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False, FP64_QUOTIENT: tl.constexpr = False,
+                     CODES_3D: tl.constexpr = False):
     NB: tl.constexpr = TILE_C // BC
     # the tile as (TILE_R, NB, BC): rows, blocks, a block's columns; a block's amax and its
     # factor broadcast back along the last axis, with no reshape between (a reshape can make
@@ -301,6 +302,17 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
             elems = _round_values(v, noise, M, EMIN, EMAX, MAX_VALUE, HAS_NAN, STOCHASTIC, E, NATIVE_MAX)
         values = elems * scale[:, :, None]
         tl.store(out_ptr + rows3 * sor + cols3, _to_bf16(values), mask=inside3)
+    elif PACK == 1 and CODES_3D:  # a byte a code, stored from the (TILE_R, NB, BC) tile itself:
+        # the loads and the store then share one layout (along rows, 16 neighbouring elements a
+        # thread, the store's 16 bytes), so the tile does not go through shared memory to be
+        # stored, and a thread's work per block (the amax's shuffles, the scale, its reciprocal)
+        # serves 16 of its elements where a bf16 row read gave it 8 (docs/kernels-notes.md, v56)
+        noise = 0
+        if STOCHASTIC:
+            noise = _seed_noise(seed_ptr, rows3, cols3, C)
+        code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
+                            NATIVE_MAX, not (BR > 1 and X_BF16))
+        tl.store(out_ptr + rows3 * sor + cols3, code.to(tl.uint8), mask=inside3)
     else:
         v = tl.reshape(v, (TILE_R, TILE_C))
         cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
@@ -646,7 +658,11 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         AS_ROWS=as_rows, H_SPLIT=hadamard is not None and _interpreted(X),
         num_warps=num_warps or (8 if tile_r * tile_c >= 64 * 128 else 4),
         FP64_QUOTIENT=rule == "amax" and (fp64_quotient(X, as_rows) if fp64 is None else fp64),
-        **constants,
+        # codes stored from the 3D tile where the blocks' scales are fp32 (FP8 1x128, 128x128,
+        # per-row, per-tensor): on the H200 1x128 along bf16 rows 1.11x faster, 128x128 along
+        # fp32 rows 1.07x, the one-read rows 1.09–1.13x; MX blocks were 0–2% slower with it, so
+        # they keep the 2D store (docs/kernels-notes.md, v56)
+        CODES_3D=rule == "amax", **constants,
     )
 
 
