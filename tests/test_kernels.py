@@ -304,10 +304,10 @@ def test_tensor_amax_is_torchs_reduction(dtype):
     """`amax_by_kernel` (per-tensor FP8's and NVFP4's tensor amax) is torch's reduction: its
     value where finite (inf where X holds inf), NaN where X holds NaN (anywhere: first, last,
     past the first program's blocks), 0 for zeros and −0, and for an empty X (which torch
-    refuses); the kernel over
-    a contiguous X and over the transposed view of one, with tiles that make each program
-    take several blocks, a ragged last block, and subnormals as the largest magnitude; torch's
-    reduction for a view whose elements do not fill its memory, and for other dtypes."""
+    refuses); the kernel over a contiguous X and over the transposed view of one, with tiles
+    that make each program take several blocks, a ragged last block, and subnormals as the
+    largest magnitude; torch's reduction for a view whose elements do not fill its memory, and
+    for other dtypes."""
     from fewerbits.kernels import rowblock
 
     def check(X, tile=None):
