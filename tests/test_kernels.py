@@ -638,12 +638,10 @@ def test_the_kernels_quotient_is_the_correctly_rounded_division():
 @triton.jit
 def _fp8_codes(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
                EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr,
-               HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr,
-               PACKED: tl.constexpr):
+               HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(v_ptr + i, mask=i < N, other=0.0)
-    code = _round_codes(v, 0, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, False, NATIVE_MAX,
-                        PACKED)
+    code = _round_codes(v, 0, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, False, NATIVE_MAX)
     tl.store(out_ptr + i, code.to(tl.uint8), mask=i < N)
 
 
@@ -680,22 +678,20 @@ def _expect_native(fmt, device) -> dict:
     return constants
 
 
-@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
-def test_fp8_codes_by_the_gpus_conversion_are_the_references(name, packed):
+def test_fp8_codes_by_the_gpus_conversion_are_the_references(name):
     """On a GPU that converts fp32 to FP8 in one instruction (NVIDIA, sm_89 on) the kernels take
     FP8 codes rounded to nearest from that conversion, and they are the reference's codes for
     every kind of value: random bit patterns over the whole fp32 range (NaN of both signs
     among them), every code's value, the midpoints between neighbouring codes and the floats
-    just either side of them, tiny values, values past max, ±0, ±inf, NaN — in both forms of
-    `_native_fp8_codes`, four elements at a time in PTX (packed) and element by element.
-    Elsewhere — Triton's interpreter, whose emulated conversion does not round as the reference
+    just either side of them, tiny values, values past max, ±0, ±inf, NaN (`_native_fp8_codes`,
+    four elements at a time in PTX). Elsewhere — Triton's interpreter, whose emulated conversion does not round as the reference
     does — the kernels keep their integer arithmetic, which gives the same codes."""
     fmt = fb.get_format(name)
     v = _fp8_edge_values(fmt)
     constants = _expect_native(fmt, v.device)
     out = torch.empty(v.shape, dtype=torch.uint8, device=DEVICE)
-    _fp8_codes[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, PACKED=packed, **constants)
+    _fp8_codes[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, **constants)
     assert torch.equal(out.cpu(), round_to_codes(v.cpu(), fmt))
 
 

@@ -63,16 +63,16 @@ def _round_units(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constex
 def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                  EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
                  NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, STOCHASTIC: tl.constexpr,
-                 NATIVE_MAX: tl.constexpr = 0.0, NATIVE_PACKED: tl.constexpr = True):
+                 NATIVE_MAX: tl.constexpr = 0.0):
     """The element codes of a tile of scaled values (as int32: sign bit, exponent field,
     mantissa; two's complement for integers). FP8 rounded to nearest on a GPU that converts to
     it (NATIVE_MAX, the format's max, from `format_constants`) takes the GPU's conversion
-    (`_native_fp8_codes`, in its packed form unless NATIVE_PACKED is False); another
+    (`_native_fp8_codes`); another
     floating-point format with subnormals, rounded to nearest, takes the values path's one
     addition (`_nearest_magnitude`) and the code from the rounded value's fp32 bits
     (`_nearest_codes`)."""
     if NATIVE_MAX > 0 and not STOCHASTIC:
-        return _native_fp8_codes(v, E, M, HAS_NAN, NAN_CODE, NATIVE_MAX, NATIVE_PACKED)
+        return _native_fp8_codes(v, E, HAS_NAN, NAN_CODE)
     if not STOCHASTIC and not IS_INT and EMIN == 1 - BIAS:
         return _nearest_codes(v, E, M, BIAS, EMIN, EMAX, MAX_CODE, HAS_NAN, NAN_CODE)
     neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
@@ -126,8 +126,7 @@ def _nearest_codes(v, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN
 
 
 @triton.jit
-def _native_fp8_codes(v, E: tl.constexpr, M: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr,
-                      MAX_VALUE: tl.constexpr, PACKED: tl.constexpr = True):
+def _native_fp8_codes(v, E: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr):
     """`_round_codes` rounding to nearest for FP8 E4M3 (E = 4) or E5M2 by the GPU's conversion
     from fp32 (on sm_89 and later `cvt.rn.satfinite`, two elements an instruction, where
     `_nearest_codes` takes about twenty): round half to even with subnormals, as the reference
@@ -135,54 +134,41 @@ def _native_fp8_codes(v, E: tl.constexpr, M: tl.constexpr, HAS_NAN: tl.constexpr
     converts to a NaN code without its sign, so the reference's NaN code, sign kept, is put in
     after. ±0 and values that round to zero keep their sign, as the reference's codes.
 
-    PACKED: four elements in one piece of PTX — two conversions, their signs' bytes by `prmt`
-    (mode 8 of a selector nibble repeats the chosen byte's top bit), an AND that keeps those
-    top bits, one OR: each code takes
-    its element's sign bit, which it has already unless the element is a NaN (whose E4M3 code
-    is then the reference's; an E5M2 byte whose low seven bits are 0x7F can only be a NaN's and
-    becomes the reference's 0x7E): seven to eight SASS instructions an element fewer than
-    the element-by-element form below (a clamp, the conversion, a select for NaN, the codes
-    taken out of the conversion's pairs and packed again for the store); docs/kernels-notes.md,
-    v53. That form stays for the one tile where the packed one made the kernel slower
-    (`_rowblock_kernel`'s square blocks of bf16)."""
-    if PACKED:  # the NaN codes it puts in are the formats' own (formats.py)
-        tl.static_assert(HAS_NAN and NAN_CODE == (0x7F if E == 4 else 0x7E))
-        if E == 4:
-            cvt: tl.constexpr = "cvt.rn.satfinite.e4m3x2.f32"
-            fix: tl.constexpr = ""
-        else:
-            cvt: tl.constexpr = "cvt.rn.satfinite.e5m2x2.f32"
-            fix: tl.constexpr = """
-            and.b32 t, $0, 0x7f7f7f7f;
-            add.u32 t, t, 0x01010101;
-            and.b32 t, t, 0x80808080;
-            shr.u32 t, t, 7;
-            xor.b32 $0, $0, t;"""
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b16 lo, hi;
-            .reg .b32 w, s, t;
-            """ + cvt + """ lo, $2, $1;
-            """ + cvt + """ hi, $4, $3;
-            mov.b32 w, {lo, hi};
-            prmt.b32 s, $1, $2, 0xfb;
-            prmt.b32 t, $3, $4, 0xfb00;
-            prmt.b32 s, s, t, 0x7610;
-            and.b32 s, s, 0x80808080;
-            or.b32 $0, w, s;""" + fix + """
-            }""",
-            "=r,r,r,r,r", [v], dtype=tl.uint8, is_pure=True, pack=4).to(tl.int32)
+    Four elements in one piece of PTX: two conversions, their signs' bytes by `prmt` (mode 8 of
+    a selector nibble repeats the chosen byte's top bit), an AND that keeps those top bits, one
+    OR: each code takes its element's sign bit, which it has already unless the element is a
+    NaN (whose E4M3 code is then the reference's; an E5M2 byte whose low seven bits are 0x7F
+    can only be a NaN's and becomes the reference's 0x7E): seven to eight SASS instructions an
+    element fewer than an element-by-element form (a clamp, the conversion, a select for NaN,
+    the codes taken out of the conversion's pairs and packed again for the store;
+    docs/kernels-notes.md, v53 and v57)."""
+    # the NaN codes it puts in are the formats' own (formats.py)
+    tl.static_assert(HAS_NAN and NAN_CODE == (0x7F if E == 4 else 0x7E))
+    if E == 4:
+        cvt: tl.constexpr = "cvt.rn.satfinite.e4m3x2.f32"
+        fix: tl.constexpr = ""
     else:
-        c = tl.minimum(tl.maximum(v, -MAX_VALUE), MAX_VALUE)
-        if E == 4:
-            code = c.to(tl.float8e4nv, fp_downcast_rounding="rtne")
-        else:
-            code = c.to(tl.float8e5, fp_downcast_rounding="rtne")
-        code = code.to(tl.uint8, bitcast=True).to(tl.int32)
-        if HAS_NAN:
-            sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32) << (E + M)
-            code = tl.where(v != v, NAN_CODE | sign, code)
-        return code
+        cvt: tl.constexpr = "cvt.rn.satfinite.e5m2x2.f32"
+        fix: tl.constexpr = """
+        and.b32 t, $0, 0x7f7f7f7f;
+        add.u32 t, t, 0x01010101;
+        and.b32 t, t, 0x80808080;
+        shr.u32 t, t, 7;
+        xor.b32 $0, $0, t;"""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b16 lo, hi;
+        .reg .b32 w, s, t;
+        """ + cvt + """ lo, $2, $1;
+        """ + cvt + """ hi, $4, $3;
+        mov.b32 w, {lo, hi};
+        prmt.b32 s, $1, $2, 0xfb;
+        prmt.b32 t, $3, $4, 0xfb00;
+        prmt.b32 s, s, t, 0x7610;
+        and.b32 s, s, 0x80808080;
+        or.b32 $0, w, s;""" + fix + """
+        }""",
+        "=r,r,r,r,r", [v], dtype=tl.uint8, is_pure=True, pack=4).to(tl.int32)
 
 
 @triton.jit
@@ -285,8 +271,7 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor,
                   TILE_R: tl.constexpr, TILE_C: tl.constexpr, STOCHASTIC: tl.constexpr, PACK: tl.constexpr,
                   E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr, HAS_NAN: tl.constexpr,
-                  NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr = 0.0,
-                  NATIVE_PACKED: tl.constexpr = True):
+                  NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr = 0.0):
     """Round a tile of scaled values to codes (with this noise where STOCHASTIC) and store them
     (fp4: two a byte; fp6 with PACK 3: sixteen in three 32-bit words). CP is the output's row
     length in its own elements (bytes: (C + 1) // 2 for fp4; words: 3C / 16 for PACK 3), given as
@@ -294,9 +279,9 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor,
     is, hence that a thread's neighbouring bytes in a row are kept or masked off together, and
     stores them with one instruction. Computed from C, it knew neither and stored fp4 codes a
     byte at a time, which took MXFP4's codes about twice as long on the H200
-    (docs/kernels-notes.md, v50). NATIVE_PACKED: as `_native_fp8_codes`' PACKED."""
+    (docs/kernels-notes.md, v50)."""
     code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
-                        NATIVE_MAX, NATIVE_PACKED)
+                        NATIVE_MAX)
     if PACK == 2:  # two codes a byte, the first in the low nibble; padding columns are code 0
         lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
         pairs = tl.program_id(1) * (TILE_C // 2) + tl.arange(0, TILE_C // 2)

@@ -311,7 +311,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         if STOCHASTIC:
             noise = _seed_noise(seed_ptr, rows3, cols3, C)
         code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
-                            NATIVE_MAX, not (BR > 1 and X_BF16))
+                            NATIVE_MAX)
         tl.store(out_ptr + rows3 * sor + cols3, code.to(tl.uint8), mask=inside3)
     else:
         v = tl.reshape(v, (TILE_R, TILE_C))
@@ -320,12 +320,9 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         noise = 0
         if STOCHASTIC:
             noise = _seed_noise(seed_ptr, rows[:, None], cols[None, :], C)
-        # square blocks of bf16 keep the FP8 codes' element-by-element form: with the packed one
-        # the compiler gave a 128 x 128 tile 146 registers a thread instead of 128, one program
-        # an SM instead of two, 12–21% slower on the H200 (docs/kernels-notes.md, v53)
         _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor, TILE_R, TILE_C,
                       STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT,
-                      NATIVE_MAX, NATIVE_PACKED=not (BR > 1 and X_BF16))
+                      NATIVE_MAX)
 
 
 @triton.jit(do_not_specialize=["row_stride"])
@@ -660,8 +657,9 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         FP64_QUOTIENT=rule == "amax" and (fp64_quotient(X, as_rows) if fp64 is None else fp64),
         # codes stored from the 3D tile where the blocks' scales are fp32 (FP8 1x128, 128x128,
         # per-row, per-tensor): on the H200 1x128 along bf16 rows 1.11x faster, 128x128 along
-        # fp32 rows 1.07x, the one-read rows 1.09–1.13x; MX blocks were 0–2% slower with it, so
-        # they keep the 2D store (docs/kernels-notes.md, v56)
+        # fp32 rows 1.07x, the one-read rows 1.09–1.13x, and 128x128 on bf16 1.17–1.29x (its
+        # codes packed four at a time, which the 2D store made slower there); MX blocks were 0–2%
+        # slower with it, so they keep the 2D store (docs/kernels-notes.md, v56 and v57)
         CODES_3D=rule == "amax", **constants,
     )
 
