@@ -67,10 +67,9 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
     """The element codes of a tile of scaled values (as int32: sign bit, exponent field,
     mantissa; two's complement for integers). FP8 rounded to nearest on a GPU that converts to
     it (NATIVE_MAX, the format's max, from `format_constants`) takes the GPU's conversion
-    (`_native_fp8_codes`); another
-    floating-point format with subnormals, rounded to nearest, takes the values path's one
-    addition (`_nearest_magnitude`) and the code from the rounded value's fp32 bits
-    (`_nearest_codes`)."""
+    (`_native_fp8_codes`); another floating-point format with subnormals, rounded to nearest,
+    takes the values path's one addition (`_nearest_magnitude`) and the code from the rounded
+    value's fp32 bits (`_nearest_codes`)."""
     if NATIVE_MAX > 0 and not STOCHASTIC:
         return _native_fp8_codes(v, E, HAS_NAN, NAN_CODE)
     if not STOCHASTIC and not IS_INT and EMIN == 1 - BIAS:

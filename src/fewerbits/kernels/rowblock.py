@@ -812,17 +812,18 @@ def amax_by_kernel(X: torch.Tensor, *, tile: tuple[int, int, int] | None = None)
     torch's NaN; the callers treat every NaN alike. X empty: 0. tile: (BLOCK, warps, programs
     an SM), for timing (default `TENSOR_AMAX_TILE[X.dtype]`)."""
     dense = X.is_contiguous() or (X.dim() == 2 and X.t().is_contiguous())
-    if X.dtype not in (torch.bfloat16, torch.float32) or not dense or X.numel() >= 2**31 - 2**26:  # int32 offsets
-        return torch.linalg.vector_norm(X, ord=float("inf")).float()
-    flat = (X if X.is_contiguous() else X.t()).reshape(-1)
-    bits = torch.zeros((), dtype=torch.int32, device=X.device)
-    n = flat.numel()
-    if n:
+    n = X.numel()
+    if X.dtype in (torch.bfloat16, torch.float32) and dense:
         block, warps, per_sm = tile or TENSOR_AMAX_TILE[X.dtype]
-        grid = (min(cdiv(n, block), _sm_count(X.device) * per_sm),)
-        _tensor_amax_kernel[grid](_bits(flat), bits, n, BLOCK=block, X_BF16=X.dtype == torch.bfloat16,
-                                  num_warps=warps)
-    return bits.view(torch.float32)
+        programs = min(cdiv(n, block), _sm_count(X.device) * per_sm)
+        if n + programs * block < 2**31:  # the kernel's offsets, up to its last step past n, are int32
+            bits = torch.zeros((), dtype=torch.int32, device=X.device)
+            if n:
+                flat = (X if X.is_contiguous() else X.t()).reshape(-1)
+                _tensor_amax_kernel[(programs,)](_bits(flat), bits, n, BLOCK=block,
+                                                 X_BF16=X.dtype == torch.bfloat16, num_warps=warps)
+            return bits.view(torch.float32)
+    return torch.linalg.vector_norm(X, ord=float("inf")).float()
 
 
 def column_codes_supported(X: torch.Tensor, scheme: Scheme) -> bool:
