@@ -185,6 +185,33 @@ def test_square_blocks_across_tiles_with_ragged_edges(name):
             assert same(kernels.quantize(t, name, axis=axis), fb.quantize(t, name, axis=axis)), (t.dtype, axis)
 
 
+@pytest.mark.parametrize("scheme", [fb.get_scheme("fp8_e4m3_128x128"), fb.Scheme("fp8_e5m2", (32, 32), "fp32")],
+                         ids=lambda s: s.describe())
+def test_square_blocks_read_down_columns_from_the_transpose(scheme):
+    """A column read of square blocks with fp32 scales and byte codes is read as its transpose's
+    rows, codes and scales stored transposed (`square_column_read_transposed`): the reference's
+    codes along axis 0, nearest and stochastic (whose noise follows the quantized matrix's
+    coordinates, not the transpose's), with NaN, inf, −0, subnormal and zero blocks, blocks the
+    edges cut, bf16 and fp32, and a view with an offset and a row stride past its length."""
+    from fewerbits.kernels import rowblock
+
+    base = torch.from_numpy(hard_matrix(300, 260, seed=11, specials=True)).to(DEVICE)
+    base[40:80, 140:200] = 0.0
+    base[130:140, 3] = -0.0
+    gen = lambda: torch.Generator(device=DEVICE).manual_seed(5)  # noqa: E731
+    for x in (base, base.bfloat16(), base[:, 1:]):
+        assert rowblock.square_column_read_transposed(x.t(), scheme)
+        assert not rowblock.square_column_read_transposed(x, scheme)
+        for rounding in ("nearest", "stochastic"):
+            a = kernels.quantize(x, scheme, axis=0, rounding=rounding, generator=gen())
+            b = fb.quantize(x, scheme, axis=0, rounding=rounding, generator=gen())
+            assert same(a, b), (x.dtype, x.stride(), rounding)
+    t = base.t()
+    for other in ("fp8_e4m3_1x128", "mxfp8_e4m3", "nvfp4_16x16"):
+        assert not rowblock.square_column_read_transposed(t, fb.get_scheme(other)), other
+    assert not rowblock.square_column_read_transposed(t, scheme, values=True)
+
+
 @pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor", "fp8_e4m3_row"])
 def test_one_amax_per_tensor_or_row_with_specials_overrides_and_layouts(name):
     """The reduction-then-kernel path: NaN and inf anywhere, zero tensors and rows, overrides

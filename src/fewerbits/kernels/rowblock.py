@@ -214,7 +214,12 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                      X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr,
                      MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr,
                      NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False, FP64_QUOTIENT: tl.constexpr = False,
-                     CODES_3D: tl.constexpr = False):
+                     CODES_3D: tl.constexpr = False, TRANSPOSED: tl.constexpr = False):
+    # TRANSPOSED: x is the transpose T of the matrix quantized, whose square blocks are T's
+    # blocks transposed (`square_column_read_transposed`); codes, scales and noise are placed
+    # by that matrix's coordinates, (column, row) of T
+    tl.static_assert(not TRANSPOSED or (CODES_3D and PACK == 1 and not VALUES and BR == BC),
+                     "a transposed read stores byte codes of square blocks from the 3D tile")
     NB: tl.constexpr = TILE_C // BC
     # the tile as (TILE_R, NB, BC): rows, blocks, a block's columns; a block's amax and its
     # factor broadcast back along the last axis, with no reshape between (a reshape can make
@@ -258,10 +263,14 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         keep = (rows < R) if AMAX_MODE == 1 else (rows == 0)
         scale_mask = keep[:, None] & (blocks == 0)[None, :]
         blocks = blocks * 0
-    if SCALE_CODES:  # E8M0 or E4M3: store the code
-        tl.store(scale_ptr + srows[:, None] * ssr + blocks[None, :], code.to(tl.uint8), mask=scale_mask)
+    if TRANSPOSED:
+        scale_offsets = blocks[None, :] * ssr + srows[:, None]
     else:
-        tl.store(scale_ptr + srows[:, None] * ssr + blocks[None, :], scale, mask=scale_mask)
+        scale_offsets = srows[:, None] * ssr + blocks[None, :]
+    if SCALE_CODES:  # E8M0 or E4M3: store the code
+        tl.store(scale_ptr + scale_offsets, code.to(tl.uint8), mask=scale_mask)
+    else:
+        tl.store(scale_ptr + scale_offsets, scale, mask=scale_mask)
 
     # ---- elements --------------------------------------------------------------------------
     f = factor[:, :, None]
@@ -309,10 +318,16 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         # serves 16 of its elements where a bf16 row read gave it 8 (docs/kernels-notes.md, v56)
         noise = 0
         if STOCHASTIC:
-            noise = _seed_noise(seed_ptr, rows3, cols3, C)
+            if TRANSPOSED:  # element (c, r) of an R-column matrix
+                noise = _seed_noise(seed_ptr, cols3, rows3, R)
+            else:
+                noise = _seed_noise(seed_ptr, rows3, cols3, C)
         code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
                             NATIVE_MAX)
-        tl.store(out_ptr + rows3 * sor + cols3, code.to(tl.uint8), mask=inside3)
+        if TRANSPOSED:  # stored down the tile's columns, which are the codes' rows
+            tl.store(out_ptr + cols3 * sor + rows3, code.to(tl.uint8), mask=inside3)
+        else:
+            tl.store(out_ptr + rows3 * sor + cols3, code.to(tl.uint8), mask=inside3)
     else:
         v = tl.reshape(v, (TILE_R, TILE_C))
         cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
@@ -531,6 +546,20 @@ def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, 
     return values and br == 1 and _column_read(X) and hadamard is not None and bc == 32
 
 
+def square_column_read_transposed(X: torch.Tensor, scheme: Scheme, values: bool = False) -> bool:
+    """Whether the kernel reads a column read of X — a transposed view: dgrad's weight, under
+    128x128 blocks — as the row read of X.t(), the tensor as stored, and stores its codes and
+    scales transposed: a square block of X is a block of X.t() transposed, with the same amax,
+    scale and codes, so the bits are those of reading X. For byte codes of fp32-scale blocks
+    (FP8 128x128), the codes stored from the 3D tile. Chosen by timing on the H200
+    (docs/kernels-notes.md, v58): the FP8 128x128 codes of bf16 8192 x 14336 read down its
+    columns 0.183 → 0.135 ms (8 warps), of fp32 14336 x 4096 0.097 → 0.077 ms (4 warps; 8
+    took 0.116)."""
+    br, bc = scheme.block
+    return (br == bc > 1 and _column_read(X) and not values and scheme.elem.bits == 8
+            and rule_of(scheme) == "amax")
+
+
 def default_tile() -> tuple[int, int, int]:
     """(rows, columns, warps) of a 1 × bc-block tile: 32 × 128 at 4 warps, for values and codes,
     row reads and column reads (laid out as rows). On the H200 it was the fastest or within 2%
@@ -553,7 +582,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                        tile_r: int | None = None, tile_c: int | None = None, values: bool = False, hadamard=None,
                        num_warps: int | None = None, as_rows: bool | None = None,
                        transpose_first: bool | None = None, tensor_amax: torch.Tensor | None = None,
-                       fp64: bool | None = None):
+                       fp64: bool | None = None, transposed: bool | None = None):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Codes and scales are stored as QuantizedTensor stores them: codes packed (fp4 two a byte,
@@ -571,6 +600,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     `default_tile`, or `FP32_SCALE_ROW_TILE`; a square-block tile is one block row).
     fp64: divide by fp32 scales as products by fp64 reciprocals (default: `fp64_quotient`; the
     same bits either way).
+    transposed: read a column read of square blocks as the row read of X.t() (default:
+    `square_column_read_transposed`; the same bits again).
     tensor_amax: NVFP4's tensor amax (fp32, 0-d) where the caller has it already — that of X,
     or of its transform under `hadamard` (`two_amaxes`) — instead of a pass over X for it.
     """
@@ -590,11 +621,14 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     scales = torch.empty(-(-R // br), nb, dtype=torch.uint8 if scale_codes else torch.float32, device=X.device)
     if as_rows is None:
         as_rows = column_read_as_rows(X, scheme, hadamard)
+    if transposed is None:
+        transposed = square_column_read_transposed(X, scheme, values)
     rows, cols, warps = default_tile()
     if not values and br == 1 and rule_of(scheme) == "amax" and not as_rows:
         rows, cols, warps = FP32_SCALE_ROW_TILE
-    if br > 1:  # a square-block tile is one block row, its warps by its size (_launch)
-        tile_r, warps = br, None
+    if br > 1:  # a square-block tile is one block row, its warps by its size (_launch); fp32
+        # read transposed, 4 (`square_column_read_transposed`)
+        tile_r, warps = br, 4 if transposed and X.element_size() == 4 else None
     tile_r, tile_c, num_warps = tile_r or rows, tile_c or cols, num_warps or warps
     pack = elem.bits == 4 and not values
     # fp6: the kernel packs whole groups of sixteen codes into three 32-bit words where C is a
@@ -628,16 +662,21 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     if X.numel() == 0:
         return finish(codes, elem), scales, s_dec
     _launch(X, seed, codes.view(torch.int32) if words else codes, scales, scheme, rule_of(scheme), tensor_amax,
-            scales, bc, 0, scale_codes, tile_r, tile_c, br, values, hadamard, s_dec, num_warps, as_rows, fp64)
+            scales, bc, 0, scale_codes, tile_r, tile_c, br, values, hadamard, s_dec, num_warps, as_rows, fp64,
+            transposed)
     return finish(codes, elem), scales, s_dec
 
 
 def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax, bc: int, amax_mode: int,
             scale_codes: bool, tile_r: int, tile_c: int, br: int = 1, values: bool = False, hadamard=None,
-            s_dec=None, num_warps: int | None = None, as_rows: bool = False, fp64: bool | None = None) -> None:
+            s_dec=None, num_warps: int | None = None, as_rows: bool = False, fp64: bool | None = None,
+            transposed: bool = False) -> None:
     """One launch of the kernel over X (R, C); `tensor_amax` (and `s_dec`, written) only by the
     two-level rule, `amax` only by the amax modes; fp64: the quotient by the fp64 reciprocal
-    (default: `fp64_quotient`)."""
+    (default: `fp64_quotient`); transposed: X's square blocks read from X.t()
+    (`square_column_read_transposed`), the launch over X.t() with X's codes and scales."""
+    if transposed:
+        X = X.t()
     R, C = X.shape
     elem = scheme.elem
     constants = _scheme_constants(scheme, rule, X.device)
@@ -660,7 +699,7 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         # fp32 rows 1.07x, the one-read rows 1.09–1.13x, and 128x128 on bf16 1.17–1.29x (its
         # codes packed four at a time, which the 2D store made slower there); MX blocks were 0–2%
         # slower with it, so they keep the 2D store (docs/kernels-notes.md, v56 and v57)
-        CODES_3D=rule == "amax", **constants,
+        CODES_3D=rule == "amax", TRANSPOSED=transposed, **constants,
     )
 
 
