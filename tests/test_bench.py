@@ -78,6 +78,21 @@ def test_bench_cli(tmp_path, capsys, monkeypatch):
     assert "--peer torchao needs torchao" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("what", ["gemm", "linear", "train"])
+def test_bench_json_path_is_checked_before_anything_runs(what, tmp_path, capsys, monkeypatch):
+    """A --json file in a folder that does not exist, or a folder itself, is refused with one
+    line before a benchmark runs (bench train writes after each arm: it would fail after the
+    first one's minutes)."""
+    ran = []
+    for name in ("bench_gemm", "bench_linear", "bench_train"):
+        monkeypatch.setattr(bench, name, lambda *a, **kw: ran.append(a))
+    for path, says in ((tmp_path / "missing" / "b.json", "does not exist"), (tmp_path, "is a folder")):
+        assert main(["bench", what, "--device", "cpu", "--json", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("fewerbits: error: --json") and says in err and "\n" not in err
+    assert ran == [] and not (tmp_path / "missing").exists()
+
+
 def test_bench_train_json_keeps_the_arms_of_a_run_stopped_early(tmp_path, capsys, monkeypatch):
     """`bench train --json` writes the arms measured so far after each one (complete: false),
     so a run cut off by a time limit keeps them; a finished run writes complete: true."""

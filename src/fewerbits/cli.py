@@ -213,6 +213,8 @@ def _shape(text: str) -> tuple[int, int, int]:
 def cmd_bench(args) -> int:
     from . import bench
 
+    if args.json:  # before anything is measured: a bad path would otherwise fail after the first arm
+        _check_output_file(args.json, "--json")
     device = resolve_device(args.device)
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     head = bench.header(device, f"`fewerbits {_bench_command(args)} --recipes {','.join(recipes)}`") + (
@@ -255,6 +257,15 @@ def _bench_command(args) -> str:
     return (f"bench train --preset {args.preset} --batch-size {args.batch_size} --seq-len {args.seq_len}"
             + compile_options(args.compile, args.compile_blocks, args.compile_mode)
             + (f" --peer {args.peer}" if args.peer else "") + (f" --repeats {args.repeats}" if args.repeats > 1 else ""))
+
+
+def _check_output_file(path: str, option: str) -> None:
+    """A file a command will write: not a folder, in a folder that exists."""
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path} is a folder, not a file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option} {path}: the folder {folder} does not exist")
 
 
 def _write_json(path: str, obj) -> None:
