@@ -1,6 +1,7 @@
 """Static machine code of the values kernel's variants, compiled for Hopper without a GPU.
 
     python3 scripts/kernel_sass.py [--schemes mxfp8_e4m3 mxfp4 nvfp4] [--arch 90]
+    python3 scripts/kernel_sass.py --codes [--schemes fp8_e4m3_1x128 fp8_e4m3_128x128 mxfp8_e4m3]
 
 For each scheme, with and without stochastic rounding and the kernel's own Hadamard transform,
 and for both ways the kernel reads its input — along rows (the inner dimension contiguous in
@@ -16,6 +17,11 @@ memory, BAR barriers, SHFL lane shuffles).
 
 FP8 elements are rounded by the GPU's conversion where the target has one (from
 `cast.native_fp8_on`: sm_89 on), as the library does on such a GPU (`cast.native_fp8`).
+
+With --codes it compiles the codes instead (`kernels.quantize`'s one-read path), for bf16 and
+fp32 inputs, with the layout, tile and warps `rowblock.quantize_rowblocks` picks
+(`rowblock.tile_of`): 1 × bc column reads laid out as rows, square blocks read down columns
+from the transpose (`rowblock.square_column_read_transposed`).
 
 These are static counts, not a timing: a count that grows, or barriers and shared memory that
 appear, show where a variant does more work per element; only the GPU says how much that costs.
@@ -96,6 +102,67 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
 
 
+def codes_layout(scheme_name: str, x_dtype: torch.dtype, along: str) -> dict:
+    """The layout choices `quantize_rowblocks` makes for the codes of a large matrix of this
+    dtype read along rows or columns: as_rows, transposed, tile rows, columns, warps."""
+    s = get_scheme(scheme_name)
+    view = torch.empty(256, 256, dtype=x_dtype)
+    view = view if along == "rows" else view.t()
+    as_rows = rowblock.column_read_as_rows(view, s)
+    transposed = rowblock.square_column_read_transposed(view, s)
+    rows, cols, warps = rowblock.tile_of(view, s, False, as_rows, transposed)
+    fp64 = rowblock.rule_of(s) == "amax" and rowblock.fp64_quotient(view, as_rows)
+    return dict(as_rows=as_rows, transposed=transposed, rows=rows, cols=cols,
+                warps=warps or rowblock.warps_for(rows, cols), fp64=fp64)
+
+
+def compile_codes_variant(scheme_name: str, x_dtype: torch.dtype, stochastic: bool, along: str, arch: int):
+    """The compiled kernel of one codes variant, as `quantize_rowblocks` launches it."""
+    s = get_scheme(scheme_name)
+    elem, (br, bc) = s.elem, s.block
+    rule = rowblock.rule_of(s)
+    lay = codes_layout(scheme_name, x_dtype, along)
+    words = elem.bits == 6 and lay["cols"] % 32 == 0  # fp6 packed as words by the kernel (C a multiple of 16)
+    constants = dict(
+        BC=bc, TILE_R=lay["rows"], TILE_C=lay["cols"], AS_ROWS=lay["as_rows"], RULE=rowblock.RULES[rule],
+        KMIN=s.scale_fmt.emin, KMAX=s.scale_fmt.emax, EMAX_ELEM=elem.emax, STOCHASTIC=stochastic,
+        PACK=2 if elem.bits == 4 else 3 if words else 1, SCALE_CODES=s.scale_fmt.bits <= 8, AMAX_MODE=0,
+        X_BF16=x_dtype == torch.bfloat16, BR=br, VALUES=False, MAX_VALUE=float(elem.max), H_STAGES=0,
+        H_SPLIT=False, FP64_QUOTIENT=lay["fp64"], CODES_3D=rule == "amax", TRANSPOSED=lay["transposed"],
+        **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
+    # the unit stride Triton specializes: a column read's rows, unless the kernel reads the transpose
+    constants["sxc" if along == "rows" or lay["transposed"] else "sxr"] = 1
+    pointers = {**POINTERS, "x_ptr": "*i16" if x_dtype == torch.bfloat16 else "*fp32",
+                "out_ptr": "*i32" if words else "*u8", "scale_ptr": "*u8" if s.scale_fmt.bits <= 8 else "*fp32"}
+    pointers["elem_table"] = pointers["x_ptr"]  # codes: the launch passes X there
+    signature = {p: "constexpr" if p in constants else pointers.get(p, "fp32" if p in FLOATS else "i32")
+                 for p in PARAMS}
+    aligned = [p for p in PARAMS if signature[p].startswith("*") or
+               (signature[p] == "i32" and p in ("R", "C", "CP", "sxr", "sxc", "sor", "ssr"))]
+    src = ASTSource(fn=KERNEL, signature=signature,
+                    constexprs={(PARAMS.index(p),): v for p, v in constants.items()},
+                    attrs={(PARAMS.index(p),): [["tt.divisibility", 16]] for p in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=lay["warps"]))
+
+
+def codes_table(schemes: list[str], arch: int) -> None:
+    print(f"triton {triton.__version__}, sm_{arch}; one tile, codes out\n")
+    print("| scheme | input | rounding | read along | tile | SASS instructions | an element | registers | "
+          "shared bytes | " + " | ".join(SHOWN) + " |")
+    print("|---|---|---|---|---|--:|--:|--:|--:|" + "--:|" * len(SHOWN))
+    for name in schemes:
+        for x_dtype in (torch.bfloat16, torch.float32):
+            for along in ("rows", "cols"):
+                for stochastic in (False, True):
+                    lay = codes_layout(name, x_dtype, along)
+                    n, ops, regs, shared = sass_stats(compile_codes_variant(name, x_dtype, stochastic, along, arch))
+                    per_thread = lay["rows"] * lay["cols"] // (32 * lay["warps"])
+                    how = " as rows" if lay["as_rows"] else ", the transpose's rows" if lay["transposed"] else ""
+                    print(f"| {name} | {str(x_dtype)[6:]} | {'SR' if stochastic else 'nearest'} | {along} | "
+                          f"{lay['rows']} × {lay['cols']}{how}, {lay['warps']} warps | {n} | {n / per_thread:.1f} | "
+                          f"{regs} | {shared} | " + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)
+
+
 def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(nvidia.__file__), "bin", name)
 
@@ -117,9 +184,15 @@ def sass_stats(kernel) -> tuple[int, collections.Counter, int, int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--schemes", nargs="+", default=["mxfp8_e4m3", "mxfp4", "nvfp4"])
+    p.add_argument("--schemes", nargs="+", default=None,
+                   help="default: mxfp8_e4m3 mxfp4 nvfp4 (values), fp8_e4m3_1x128 fp8_e4m3_128x128 mxfp8_e4m3 (codes)")
     p.add_argument("--arch", type=int, default=90, help="compute capability × 10 (90: Hopper)")
+    p.add_argument("--codes", action="store_true", help="the codes kernels instead of the values kernels")
     args = p.parse_args()
+    if args.codes:
+        codes_table(args.schemes or ["fp8_e4m3_1x128", "fp8_e4m3_128x128", "mxfp8_e4m3"], args.arch)
+        return
+    args.schemes = args.schemes or ["mxfp8_e4m3", "mxfp4", "nvfp4"]
     print(f"triton {triton.__version__}, sm_{args.arch}; one tile, bf16 input, values out\n")
     print("| scheme | rounding | Hadamard | read along | tile | SASS instructions | an element | registers | shared bytes | "
           + " | ".join(SHOWN) + " |")

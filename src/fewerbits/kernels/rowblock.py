@@ -578,6 +578,26 @@ def default_tile() -> tuple[int, int, int]:
 FP32_SCALE_ROW_TILE = (16, 128, 4)
 
 
+def tile_of(X: torch.Tensor, scheme: Scheme, values: bool = False, as_rows: bool = False,
+            transposed: bool = False) -> tuple[int, int, int | None]:
+    """(rows, columns, warps) of the tile `quantize_rowblocks` quantizes X in by default, given its
+    layout choices (`column_read_as_rows`, `square_column_read_transposed`): `default_tile`;
+    `FP32_SCALE_ROW_TILE` for the codes of 1 × bc fp32-scale blocks not laid out as rows; a
+    square-block tile is one block row, its warps None (the launch's `warps_for` its size)
+    except 4 for fp32 read transposed."""
+    br, bc = scheme.block
+    if br > 1:
+        return br, default_tile()[1], 4 if transposed and X.element_size() == 4 else None
+    if not values and rule_of(scheme) == "amax" and not as_rows:
+        return FP32_SCALE_ROW_TILE
+    return default_tile()
+
+
+def warps_for(tile_r: int, tile_c: int) -> int:
+    """A launch's warps where the caller names none: 8 from 64 × 128 elements a tile up, else 4."""
+    return 8 if tile_r * tile_c >= 64 * 128 else 4
+
+
 def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | None, *,
                        tile_r: int | None = None, tile_c: int | None = None, values: bool = False, hadamard=None,
                        num_warps: int | None = None, as_rows: bool | None = None,
@@ -623,12 +643,9 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         as_rows = column_read_as_rows(X, scheme, hadamard)
     if transposed is None:
         transposed = square_column_read_transposed(X, scheme, values)
-    rows, cols, warps = default_tile()
-    if not values and br == 1 and rule_of(scheme) == "amax" and not as_rows:
-        rows, cols, warps = FP32_SCALE_ROW_TILE
-    if br > 1:  # a square-block tile is one block row, its warps by its size (_launch); fp32
-        # read transposed, 4 (`square_column_read_transposed`)
-        tile_r, warps = br, 4 if transposed and X.element_size() == 4 else None
+    rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed)
+    if br > 1:  # a square-block tile is one block row
+        tile_r = br
     tile_r, tile_c, num_warps = tile_r or rows, tile_c or cols, num_warps or warps
     pack = elem.bits == 4 and not values
     # fp6: the kernel packs whole groups of sixteen codes into three 32-bit words where C is a
@@ -692,7 +709,7 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         elem_table=code_table(elem, X.device) if values and elem.is_integer else X, VALUES=values,
         H_STAGES=bc.bit_length() - 1 if hadamard is not None else 0,
         AS_ROWS=as_rows, H_SPLIT=hadamard is not None and _interpreted(X),
-        num_warps=num_warps or (8 if tile_r * tile_c >= 64 * 128 else 4),
+        num_warps=num_warps or warps_for(tile_r, tile_c),
         FP64_QUOTIENT=rule == "amax" and (fp64_quotient(X, as_rows) if fp64 is None else fp64),
         # codes stored from the 3D tile where the blocks' scales are fp32 (FP8 1x128, 128x128,
         # per-row, per-tensor): on the H200 1x128 along bf16 rows 1.11x faster, 128x128 along
