@@ -92,7 +92,13 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
         FP64_QUOTIENT=False, CODES_3D=False, TRANSPOSED=False,  # (fp32-scale codes only)
         **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     constants["sxc" if along == "rows" else "sxr"] = 1  # as Triton specializes a stride of 1
-    signature = {p: "constexpr" if p in constants else POINTERS.get(p, "fp32" if p in FLOATS else "i32")
+    return _compile(constants, POINTERS, arch, warps)
+
+
+def _compile(constants: dict, pointers: dict, arch: int, warps: int):
+    """`KERNEL` compiled for sm_`arch` with these constexprs and pointer types; the other
+    arguments fp32 or int32, sizes and strides divisible by 16 as Triton marks them."""
+    signature = {p: "constexpr" if p in constants else pointers.get(p, "fp32" if p in FLOATS else "i32")
                  for p in PARAMS}
     aligned = [p for p in PARAMS if signature[p].startswith("*") or
                (signature[p] == "i32" and p in ("R", "C", "CP", "sxr", "sxc", "sor", "ssr"))]
@@ -135,14 +141,7 @@ def compile_codes_variant(scheme_name: str, x_dtype: torch.dtype, stochastic: bo
     pointers = {**POINTERS, "x_ptr": "*i16" if x_dtype == torch.bfloat16 else "*fp32",
                 "out_ptr": "*i32" if words else "*u8", "scale_ptr": "*u8" if s.scale_fmt.bits <= 8 else "*fp32"}
     pointers["elem_table"] = pointers["x_ptr"]  # codes: the launch passes X there
-    signature = {p: "constexpr" if p in constants else pointers.get(p, "fp32" if p in FLOATS else "i32")
-                 for p in PARAMS}
-    aligned = [p for p in PARAMS if signature[p].startswith("*") or
-               (signature[p] == "i32" and p in ("R", "C", "CP", "sxr", "sxc", "sor", "ssr"))]
-    src = ASTSource(fn=KERNEL, signature=signature,
-                    constexprs={(PARAMS.index(p),): v for p, v in constants.items()},
-                    attrs={(PARAMS.index(p),): [["tt.divisibility", 16]] for p in aligned})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=lay["warps"]))
+    return _compile(constants, pointers, arch, lay["warps"])
 
 
 def codes_table(schemes: list[str], arch: int) -> None:
