@@ -566,9 +566,10 @@ def default_tile() -> tuple[int, int, int]:
     of the fastest tile timed for MXFP8's and NVFP4's values (1–16% faster than the tiles
     before it: docs/kernels-notes.md, v24) and for FP8 1x128 and MXFP8 codes (5–13% faster
     than 16 × 128, and than 16 × 256 at 8 warps for column reads: v25, before the GPU's own FP8
-    conversion, v35). A square-block tile is one block row, with 8 warps from 64 × 128 elements
-    up, else 4. Since v38 the codes of blocks with an fp32 scale (FP8 1x128) read along rows take
-    `FP32_SCALE_ROW_TILE` instead."""
+    conversion, v35; v58 found no faster tile for these column reads). A square-block tile is
+    one block row, with 8 warps from 64 × 128 elements up, else 4 (and 4 for fp32 read
+    transposed, v58). Since v38 the codes of blocks with an fp32 scale (FP8 1x128) read along
+    rows take `FP32_SCALE_ROW_TILE` instead (`tile_of` makes these choices)."""
     return 32, 128, 4
 
 
@@ -585,7 +586,7 @@ def tile_of(X: torch.Tensor, scheme: Scheme, values: bool = False, as_rows: bool
     `FP32_SCALE_ROW_TILE` for the codes of 1 × bc fp32-scale blocks not laid out as rows; a
     square-block tile is one block row, its warps None (the launch's `warps_for` its size)
     except 4 for fp32 read transposed."""
-    br, bc = scheme.block
+    br = scheme.block[0]
     if br > 1:
         return br, default_tile()[1], 4 if transposed and X.element_size() == 4 else None
     if not values and rule_of(scheme) == "amax" and not as_rows:
