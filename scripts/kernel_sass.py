@@ -1,4 +1,4 @@
-"""Static machine code of the values kernel's variants, compiled for Hopper without a GPU.
+"""Static machine code of the one-read kernel's variants (values, or codes), compiled for Hopper without a GPU.
 
     python3 scripts/kernel_sass.py [--schemes mxfp8_e4m3 mxfp4 nvfp4] [--arch 90]
     python3 scripts/kernel_sass.py --codes [--schemes fp8_e4m3_1x128 fp8_e4m3_128x128 mxfp8_e4m3]

@@ -712,8 +712,9 @@ def test_fp8_codes_by_the_gpus_conversion_are_the_references(name):
     every kind of value: random bit patterns over the whole fp32 range (NaN of both signs
     among them), every code's value, the midpoints between neighbouring codes and the floats
     just either side of them, tiny values, values past max, ±0, ±inf, NaN (`_native_fp8_codes`,
-    four elements at a time in PTX). Elsewhere — Triton's interpreter, whose emulated conversion does not round as the reference
-    does — the kernels keep their integer arithmetic, which gives the same codes."""
+    four elements at a time in PTX). Elsewhere — Triton's interpreter, whose emulated
+    conversion does not round as the reference does — the kernels keep their integer
+    arithmetic, which gives the same codes."""
     fmt = fb.get_format(name)
     v = _fp8_edge_values(fmt)
     constants = _expect_native(fmt, v.device)

@@ -617,8 +617,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     bits are the same either way).
     transpose_first: read a row-major copy of X made by the tiled transpose kernel (default:
     `column_read_transposed_first`; the same bits again).
-    tile_r, tile_c, num_warps: the tile one program quantizes and its warps (default:
-    `default_tile`, or `FP32_SCALE_ROW_TILE`; a square-block tile is one block row).
+    tile_r, tile_c, num_warps: the tile one program quantizes and its warps (default: `tile_of`;
+    a square-block tile is one block row whatever tile_r says).
     fp64: divide by fp32 scales as products by fp64 reciprocals (default: `fp64_quotient`; the
     same bits either way).
     transposed: read a column read of square blocks as the row read of X.t() (default:
