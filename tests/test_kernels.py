@@ -680,8 +680,8 @@ def _fp8_values(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.c
     tl.store(out_ptr + i, _round_values(v, 0, M, EMIN, EMAX, MAX_VALUE, HAS_NAN, False, E, NATIVE_MAX), mask=i < N)
 
 
-def _fp8_edge_values(fmt) -> torch.Tensor:
-    """fp32 values of every kind for an FP8 format: random bit patterns over the whole fp32 range
+def _edge_values(fmt) -> torch.Tensor:
+    """fp32 values of every kind for a floating-point element format: random bit patterns over the whole fp32 range
     (NaN of both signs among them), every code's value, the midpoints between neighbouring codes
     and the floats just either side of them, tiny values, values past max, ±0, ±inf, NaN."""
     gen = torch.Generator().manual_seed(11)
@@ -716,7 +716,7 @@ def test_fp8_codes_by_the_gpus_conversion_are_the_references(name):
     conversion does not round as the reference does — the kernels keep their integer
     arithmetic, which gives the same codes."""
     fmt = fb.get_format(name)
-    v = _fp8_edge_values(fmt)
+    v = _edge_values(fmt)
     constants = _expect_native(fmt, v.device)
     out = torch.empty(v.shape, dtype=torch.uint8, device=DEVICE)
     _fp8_codes[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, **constants)
@@ -730,7 +730,7 @@ def test_fp8_values_by_the_gpus_conversions_are_the_references(name):
     the reference's codes, bit for bit, for the same values of every kind: ±0 and values that
     round to zero keep their sign, values past max and ±inf give ±max, NaN gives NaN."""
     fmt = fb.get_format(name)
-    v = _fp8_edge_values(fmt)
+    v = _edge_values(fmt)
     constants = _expect_native(fmt, v.device)
     keys = ("E", "M", "EMIN", "EMAX", "HAS_NAN", "NATIVE_MAX")
     out = torch.empty(v.shape, dtype=torch.float32, device=DEVICE)
@@ -741,6 +741,43 @@ def test_fp8_values_by_the_gpus_conversions_are_the_references(name):
     assert nan.any() and (ref.view(torch.int32) == torch.tensor(0.0).neg().view(torch.int32)).any()
     assert torch.equal(out.cpu().isnan(), nan)
     assert torch.equal(out.cpu()[~nan].view(torch.int32), ref[~nan].view(torch.int32))
+
+
+@pytest.mark.parametrize("name", ["fp4_e2m1", "fp6_e2m3", "fp6_e3m2", "fp8_e4m3", "fp8_e5m2"])
+def test_nearest_codes_and_values_by_one_addition_are_the_references(name):
+    """The kernels' codes and values rounded to nearest by one fp32 addition (`_nearest_sum`: every
+    floating-point element format the GPU does not convert to, and FP8 with that conversion set
+    aside, as in Triton's interpreter) are the reference's, bit for bit, for values of every
+    kind: random bit patterns over the whole fp32 range, every code's value, the midpoints
+    between neighbouring codes (ties to even) and the floats just either side of them,
+    subnormals of the format, values past max, ±0 and ±inf. NaN gives the format's NaN code
+    and value; a format without one (which the reference refuses NaN for, and whose NaN blocks
+    the kernels zero before rounding) gives ±max, its sign kept."""
+    fmt = fb.get_format(name)
+    v = _edge_values(fmt)
+    nan_in = v.isnan().cpu()
+    constants = {**format_constants(fmt), "NATIVE_MAX": 0.0}
+    codes = torch.empty(v.shape, dtype=torch.uint8, device=DEVICE)
+    _fp8_codes[(triton.cdiv(len(v), 1024),)](v, codes, len(v), BLOCK=1024, **constants)
+    codes = codes.cpu()
+    keys = ("E", "M", "EMIN", "EMAX", "HAS_NAN", "NATIVE_MAX")
+    out = torch.empty(v.shape, dtype=torch.float32, device=DEVICE)
+    _fp8_values[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, MAX_VALUE=float(fmt.max),
+                                              **{k: constants[k] for k in keys})
+    out = out.cpu()
+    checked = slice(None) if fmt.has_nan else ~nan_in
+    ref_codes = round_to_codes(v.cpu()[checked], fmt)
+    assert torch.equal(codes[checked], ref_codes)
+    ref = decode(ref_codes, fmt)
+    nan = ref.isnan()
+    assert nan.any() == fmt.has_nan and (ref.view(torch.int32) == torch.tensor(0.0).neg().view(torch.int32)).any()
+    assert torch.equal(out[checked].isnan(), nan)
+    assert torch.equal(out[checked][~nan].view(torch.int32), ref[~nan].view(torch.int32))
+    if not fmt.has_nan:
+        sign = v.cpu()[nan_in].view(torch.int32) < 0
+        assert sign.any() and (~sign).any()
+        assert torch.equal(codes[nan_in].int(), fmt.max_code | (sign.int() << (fmt.bits - 1)))
+        assert torch.equal(out[nan_in], torch.where(sign, -fmt.max, fmt.max))
 
 
 @pytest.mark.parametrize("size", [16, 32])

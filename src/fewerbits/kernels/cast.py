@@ -68,8 +68,8 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
     mantissa; two's complement for integers). FP8 rounded to nearest on a GPU that converts to
     it (NATIVE_MAX, the format's max, from `format_constants`) takes the GPU's conversion
     (`_native_fp8_codes`); another floating-point format with subnormals, rounded to nearest,
-    takes the values path's one addition (`_nearest_magnitude`) and the code from the rounded
-    value's fp32 bits (`_nearest_codes`)."""
+    takes the values path's one addition (`_nearest_sum`) and the code from the sum's fp32
+    bits (`_nearest_codes`)."""
     if NATIVE_MAX > 0 and not STOCHASTIC:
         return _native_fp8_codes(v, E, HAS_NAN, NAN_CODE)
     if not STOCHASTIC and not IS_INT and EMIN == 1 - BIAS:
@@ -88,39 +88,47 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
 
 
 @triton.jit
-def _nearest_magnitude(v, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr):
-    """(sign bit, NaN, r) of a tile of scaled values, r = |v| rounded to nearest (half to even)
-    on the grid of a floating-point format with M mantissa bits, not saturated: with the
-    binade e of |v| clamped into [EMIN, EMAX + 1], c = 2^(e − M + 23) is a float32 whose
-    spacing is the quantum 2^(e − M), so the fp32 sum |v| + c rounds |v| to a multiple of the
-    quantum, half to even (c is an even multiple of it), and subtracting c again is exact. (|v|
-    comes from v's bits, so no fused multiply-add can take in a product that made v.) r is
-    +inf for ±inf and NaN for NaN."""
-    bits = v.to(tl.int32, bitcast=True)
-    mag = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    field = tl.minimum(tl.maximum((bits >> 23) & 0xFF, EMIN + 127), EMAX + 128)
-    c = ((field + (23 - M)) << 23).to(tl.float32, bitcast=True)
-    return bits < 0, v != v, (mag + c) - c
+def _nearest_sum(v, M: tl.constexpr, EMIN: tl.constexpr, MAX_BITS: tl.constexpr):
+    """(s, c) that round a tile of scaled values to nearest (half to even), saturated, on the grid
+    of a floating-point format with M mantissa bits, subnormals below 2^EMIN and the largest
+    finite value whose fp32 bits are MAX_BITS:
+
+    - a = min(|v|, max), as the integer minimum of the bits (±inf, and NaN, whose bits lie
+      past inf's, give max on every backend, where a float minimum's NaN is not portable);
+    - c = 2^(e − M + 23), as int32 bits, e the binade of a clamped below at EMIN: c's ulp is the
+      quantum 2^(e − M), and a < 2^(e + 1), at most 2^(M + 1) quanta against c's 2^23, keeps
+      a + c in c's binade, so s = fp32(a + c) is c plus a rounded to a multiple of the quantum,
+      half to even (c is an even number of quanta);
+    - s − c is the rounded magnitude, exactly, and s's bits minus c's its count of quanta.
+
+    (a comes from v's bits, so no fused multiply-add can take in the product that made v.)
+    Against the binade clamped on both sides and c subtracted before the code is read (the form
+    before), six SASS instructions an element fewer in the one-read kernel's FP4 and FP6 codes
+    and one in its values, compiled for sm_90 (docs/kernels-notes.md, v59)."""
+    a = tl.minimum(v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, MAX_BITS)
+    c = tl.maximum(a & 0x7F800000, (EMIN + 127) << 23) + ((23 - M) << 23)
+    return a.to(tl.float32, bitcast=True) + c.to(tl.float32, bitcast=True), c
 
 
 @triton.jit
 def _nearest_codes(v, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                    EMAX: tl.constexpr, MAX_CODE: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr):
     """`_round_codes` rounding to nearest, for a floating-point format with subnormals: |v|
-    rounded by one fp32 addition and subtraction (`_nearest_magnitude`), then its code read off
-    its bits. A rounded magnitude r from 2^EMIN up has the fp32 exponent field e + 127 and no
-    mantissa bits below the top M, so its fp32 bits shifted right by 23 − M are the code plus
-    (127 − BIAS) · 2^M. One below 2^EMIN is a subnormal k · 2^(EMIN − M): the exact sum
-    r + 2^EMIN has the field EMIN + 127 and k in those top M bits. Codes grow with the fp32
-    bits, so one minimum saturates what lies past max, ±inf and NaN (whose bits, the sign
-    cleared, lie past inf's); then the sign bit, and NaN's code where the format has one."""
-    neg, nan, r = _nearest_magnitude(v, M, EMIN, EMAX)
-    normal = (r.to(tl.int32, bitcast=True) >> (23 - M)) - ((127 - BIAS) << M)
-    low = ((r + 2.0**EMIN).to(tl.int32, bitcast=True) >> (23 - M)) - ((EMIN + 127) << M)
-    code = tl.where(r < 2.0**EMIN, low, normal)
-    code = tl.minimum(code, MAX_CODE) | (neg.to(tl.int32) << (E + M))
+    rounded and saturated by one fp32 addition (`_nearest_sum`), its code read off the sum's
+    bits. In the binade e (clamped below at EMIN) the sum's bits less c's are the rounded
+    magnitude in quanta 2^(e − M), k, and the code of k quanta of binade e is
+    (e + BIAS − 1) · 2^M + k — subnormals (e = EMIN = 1 − BIAS) and normals alike, k = 2^(M + 1)
+    giving the next binade's first code — where (e + BIAS − 1) · 2^M is c's bits shifted right
+    by 23 − M less the same of the smallest c. Then the sign bit, and NaN's code where the
+    format has one."""
+    MAX_BITS: tl.constexpr = (((MAX_CODE >> M) - BIAS + 127) << 23) | ((MAX_CODE & ((1 << M) - 1)) << (23 - M))
+    C_MIN: tl.constexpr = (EMIN + 127 + 23 - M) << 23
+    bits = v.to(tl.int32, bitcast=True)
+    s, c = _nearest_sum(v, M, EMIN, MAX_BITS)
+    code = s.to(tl.int32, bitcast=True) - c + ((c >> (23 - M)) - (C_MIN >> (23 - M)))
+    code = code | ((bits >> (31 - E - M)) & (1 << (E + M)))
     if HAS_NAN:
-        code = tl.where(nan, NAN_CODE | (neg.to(tl.int32) << (E + M)), code)
+        code = tl.where(v != v, NAN_CODE | ((bits >> (31 - E - M)) & (1 << (E + M))), code)
     return code
 
 
@@ -206,23 +214,25 @@ def _round_values(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.conste
     where v is not finite, NaN for NaN where the format has one — a code past the largest
     finite one is a value past max, which the code's saturation turns into max.
 
-    Rounding to nearest takes a shorter way to the same value: one fp32 addition and
-    subtraction (`_nearest_magnitude`), then saturation; FP8 where the GPU converts to it
+    Rounding to nearest takes a shorter way to the same value: the magnitude saturated, then
+    one fp32 addition and subtraction (`_nearest_sum`); FP8 where the GPU converts to it
     (NATIVE_MAX, as `_round_codes`), its conversions (`_native_fp8_values`)."""
     if NATIVE_MAX > 0 and not STOCHASTIC:
         return _native_fp8_values(v, E)
+    bits = v.to(tl.int32, bitcast=True)
     if STOCHASTIC:
         neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
         mag = tl.minimum(r * ((e - M + 127) << 23).to(tl.float32, bitcast=True), MAX_VALUE)
         mag = tl.where(finite, mag, MAX_VALUE)
-    else:
-        neg, nan, r = _nearest_magnitude(v, M, EMIN, EMAX)
-        mag = tl.where(r < MAX_VALUE, r, MAX_VALUE)  # past max, ±inf and NaN: max
+    else:  # max's bits: its binade EMAX and its significand's fraction
+        MAX_BITS: tl.constexpr = ((EMAX + 127) << 23) | int((MAX_VALUE / 2.0**EMAX - 1.0) * 8388608.0)
+        s, c = _nearest_sum(v, M, EMIN, MAX_BITS)
+        mag = s - c.to(tl.float32, bitcast=True)  # past max, ±inf and NaN: max
     # the sign put in as a bit: a select between mag and −mag may lose the sign of a zero
     # (on the H200 it did), and −0 is what the reference's codes give
-    val = (mag.to(tl.int32, bitcast=True) | (neg.to(tl.int32) << 31)).to(tl.float32, bitcast=True)
+    val = (mag.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
     if HAS_NAN:
-        val = tl.where(nan, float("nan"), val)
+        val = tl.where(v != v, float("nan"), val)
     return val
 
 
