@@ -90,6 +90,7 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
         PACK=2 if elem.bits == 4 else 1, SCALE_CODES=s.scale_fmt.bits <= 8, AMAX_MODE=0, X_BF16=True, BR=1,
         VALUES=True, MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard else 0, H_SPLIT=False,
         FP64_QUOTIENT=False, CODES_3D=False, TRANSPOSED=False,  # (fp32-scale codes only)
+        NATIVE_BF16=True,  # the GPU's bf16 conversion, as the library launches it on a GPU
         **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     constants["sxc" if along == "rows" else "sxr"] = 1  # as Triton specializes a stride of 1
     return _compile(constants, POINTERS, arch, warps)

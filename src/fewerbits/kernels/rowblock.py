@@ -214,7 +214,8 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                      X_BF16: tl.constexpr, BR: tl.constexpr, elem_table, VALUES: tl.constexpr,
                      MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr,
                      NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False, FP64_QUOTIENT: tl.constexpr = False,
-                     CODES_3D: tl.constexpr = False, TRANSPOSED: tl.constexpr = False):
+                     CODES_3D: tl.constexpr = False, TRANSPOSED: tl.constexpr = False,
+                     NATIVE_BF16: tl.constexpr = False):
     # TRANSPOSED: x is the transpose T of the matrix quantized, whose square blocks are T's
     # blocks transposed (`square_column_read_transposed`); codes, scales and noise are placed
     # by that matrix's coordinates, (column, row) of T
@@ -310,7 +311,16 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         else:
             elems = _round_values(v, noise, M, EMIN, EMAX, MAX_VALUE, HAS_NAN, STOCHASTIC, E, NATIVE_MAX)
         values = elems * scale[:, :, None]
-        tl.store(out_ptr + rows3 * sor + cols3, _to_bf16(values), mask=inside3)
+        if NATIVE_BF16:  # the GPU's conversion (two elements an instruction on NVIDIA from sm_80),
+            # rounding half to even as `_to_bf16` does, but a NaN to the canonical 0x7FFF where
+            # torch and `_to_bf16` give 0x7FC0. Values are NaN exactly in the blocks whose scale
+            # is (elements are finite where the scale is, and so are the scales' values), so
+            # those blocks take 0x7FC0 by a select on the converted tile
+            nan16 = tl.full((1, 1, 1), 0x7FC0, tl.uint16).to(tl.bfloat16, bitcast=True)
+            out = tl.where((scale == scale)[:, :, None], values.to(tl.bfloat16), nan16)
+        else:
+            out = _to_bf16(values)
+        tl.store(out_ptr + rows3 * sor + cols3, out, mask=inside3)
     elif PACK == 1 and CODES_3D:  # a byte a code, stored from the (TILE_R, NB, BC) tile itself:
         # the loads and the store then share one layout (along rows, 16 neighbouring elements a
         # thread, the store's 16 bytes), so the tile does not go through shared memory to be
@@ -717,7 +727,7 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         # fp32 rows 1.07x, the one-read rows 1.09–1.13x, and 128x128 on bf16 1.17–1.29x (its
         # codes packed four at a time, which the 2D store made slower there); MX blocks were 0–2%
         # slower with it, so they keep the 2D store (docs/kernels-notes.md, v56 and v57)
-        CODES_3D=rule == "amax", TRANSPOSED=transposed, **constants,
+        CODES_3D=rule == "amax", TRANSPOSED=transposed, NATIVE_BF16=values and not _interpreted(X), **constants,
     )
 
 
