@@ -299,7 +299,10 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         # from −k by integer arithmetic instead of this division gave wrong E8M0 codes on the
         # H200 for the first block of a tile: docs/kernels-notes.md, v22)
         v = x * f
-    v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
+    if not VALUES:  # a block whose scale is NaN (its amax not finite) takes code 0 for every
+        # element; its values need no such step: whatever its elements round to, they are
+        # multiplied by that NaN scale below
+        v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
     if VALUES:  # the dequantized values instead of the codes: code value × block scale, to bf16
         noise = 0
         if STOCHASTIC:
