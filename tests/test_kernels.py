@@ -395,6 +395,34 @@ def test_a_given_tensor_amax_gives_the_tensors_own_codes(name):
         fb.quantize(base, name, tensor_amax=torch.ones((), dtype=torch.int32))
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_16x16"])
+def test_nvfp4_block_scales_at_e4m3_ties_and_subnormals(name):
+    """NVFP4's E4M3 block scales rounded by the kernels are the reference's where the rounding is
+    hardest: with a tensor amax of 448 the block multiplier fp32(6 · fp32(1/6)) is exactly 1, so
+    each block's scale is its own amax rounded to E4M3, and the blocks' amaxes are every midpoint
+    between neighbouring E4M3 values (ties to even: 17 → 16, 19 → 20), the floats either side of
+    each, and subnormal scales down to the tie 2^-10 that rounds to a zero scale. Codes, scales
+    and the values of the one values kernel, bit for bit."""
+    e4m3 = fb.get_format("fp8_e4m3")
+    grid = torch.tensor(e4m3.code_values()[:0x7F], dtype=torch.float32)  # 0 … 448
+    mids = (grid[1:] + grid[:-1]) / 2
+    amaxes = torch.cat([mids, torch.nextafter(mids, torch.tensor(0.0)), torch.nextafter(mids, torch.tensor(1e30)),
+                        torch.tensor([448.0])])
+    gen = torch.Generator().manual_seed(7)
+    br, bc = fb.get_scheme(name).block  # one block a block row (of 1 or 16 rows), its amax first
+    x = amaxes.repeat_interleave(br)[:, None] * (torch.rand(len(amaxes) * br, bc, generator=gen) * 2 - 1)
+    x[::br, 0] = amaxes
+    x = x.to(DEVICE)
+    ref = fb.quantize(x, name)
+    stored = ref.block_scales().flatten().cpu()
+    assert stored[amaxes == 17.0].item() == 16.0 and stored[amaxes == 19.0].item() == 20.0
+    assert (stored == 0).any() and ((stored > 0) & (stored < 2.0**-6)).any()
+    assert same(kernels.quantize(x, name), ref)
+    values, ts = kernels.quantized_values(x, name)
+    dq = ref.dequantize_matrix(torch.bfloat16, tensor_scale=False)
+    assert torch.equal(values.view(torch.int16), dq.view(torch.int16)) and torch.equal(ts, ref.tensor_scale)
+
+
 def test_backend_switch():
     kernels.set_backend("reference")
     assert not kernels.uses_triton(torch.zeros(1))
