@@ -39,6 +39,27 @@ def test_bad_device_is_one_clear_line(capsys):
     assert err.startswith("fewerbits: error:") and "\n" not in err
 
 
+@pytest.mark.parametrize("device", ["tpu", "mps", "meta", "cuda:x", ""])
+def test_devices_other_than_cpu_and_cuda_are_refused_by_name(device, capsys):
+    """Every command's --device: a device torch does not know, or one fewerbits does not run
+    on, is refused in one line that names it and the choices (not torch's list of device types)."""
+    for command in (["formats"], ["bench", "gemm"], ["bench", "linear"], ["bench", "train"]):
+        assert main([*command, "--device", device]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"fewerbits: error: device {device!r} is not one fewerbits runs on: auto, cpu, cuda or cuda:N"
+
+
+def test_train_and_compare_refuse_a_bad_device_before_making_a_folder(tmp_path, capsys):
+    """`train` and `compare` check --device before anything is written: no run folder, no
+    comparison folder, and compare starts no run (one error line, not one a recipe)."""
+    for command in ("train", "compare"):
+        out = tmp_path / command
+        assert main([command, "--device", "tpu", "--out", str(out), "--steps", "2"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == "fewerbits: error: device 'tpu' is not one fewerbits runs on: auto, cpu, cuda or cuda:N"
+        assert not out.exists()
+
+
 def test_module_entry_point():
     out = subprocess.run(
         [sys.executable, "-m", "fewerbits", "formats", "--device", "cpu"],

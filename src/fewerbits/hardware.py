@@ -35,12 +35,21 @@ _CUDA_NATIVE: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """"auto" means cuda when a GPU is visible, else cpu; asking for a missing GPU is an error."""
+    """"auto" means cuda when a GPU is visible, else cpu. A device other than cpu or cuda[:N], a
+    missing GPU, or a GPU index past the last is an error (ValueError, RuntimeError)."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    name = str(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {name!r} is not one fewerbits runs on: auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' was asked for, but torch sees no CUDA GPU")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RuntimeError(f"device '{device}' was asked for, but torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     return device
 
 

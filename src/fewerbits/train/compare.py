@@ -44,6 +44,7 @@ def compare(cfg: TrainConfig, recipes: list[str], *, jobs: int = 1, echo=print) 
         raise ValueError("each recipe may appear once in --recipes")
     if jobs < 1:
         raise ValueError("--jobs must be at least 1")
+    device = resolve_device(cfg.device)  # a device the runs cannot use fails here, before any folder
     out = Path(cfg.out)
     if (out / "compare.md").exists() and not (cfg.resume or cfg.overwrite):
         raise RunError(f"{out} already holds a comparison; pass --resume to continue it or --overwrite to start over")
@@ -99,7 +100,6 @@ def compare(cfg: TrainConfig, recipes: list[str], *, jobs: int = 1, echo=print) 
         raise
     if interrupted:
         raise KeyboardInterrupt
-    device = resolve_device(cfg.device)
     header = (f"`{command_line(cfg, recipes, jobs)}`, {datetime.date.today().isoformat()}, "
               f"{device_name(device)}, torch {torch.__version__}")
     if jobs > 1:
