@@ -691,7 +691,7 @@ def test_the_kernels_quotient_is_the_correctly_rounded_division():
 
 
 @triton.jit
-def _fp8_codes(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
+def _element_codes(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
                EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr,
                HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE_MAX: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -701,7 +701,7 @@ def _fp8_codes(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.co
 
 
 @triton.jit
-def _fp8_values(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.constexpr, EMIN: tl.constexpr,
+def _element_values(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.constexpr, EMIN: tl.constexpr,
                 EMAX: tl.constexpr, HAS_NAN: tl.constexpr, NATIVE_MAX: tl.constexpr, MAX_VALUE: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(v_ptr + i, mask=i < N, other=0.0)
@@ -709,9 +709,10 @@ def _fp8_values(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.c
 
 
 def _edge_values(fmt) -> torch.Tensor:
-    """fp32 values of every kind for a floating-point element format: random bit patterns over the whole fp32 range
-    (NaN of both signs among them), every code's value, the midpoints between neighbouring codes
-    and the floats just either side of them, tiny values, values past max, ±0, ±inf, NaN."""
+    """fp32 values of every kind for a floating-point element format: random bit patterns over the
+    whole fp32 range (NaN of both signs among them), every code's value, the midpoints between
+    neighbouring codes and the floats just either side of them, tiny values, values past max,
+    ±0, ±inf, NaN."""
     gen = torch.Generator().manual_seed(11)
     random = torch.randint(-2**31, 2**31, (1 << 16,), dtype=torch.int32, generator=gen).view(torch.float32)
     grid = torch.tensor([fmt.decode_magnitude(c) for c in range(fmt.max_code + 1)], dtype=torch.float32)
@@ -747,7 +748,7 @@ def test_fp8_codes_by_the_gpus_conversion_are_the_references(name):
     v = _edge_values(fmt)
     constants = _expect_native(fmt, v.device)
     out = torch.empty(v.shape, dtype=torch.uint8, device=DEVICE)
-    _fp8_codes[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, **constants)
+    _element_codes[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, **constants)
     assert torch.equal(out.cpu(), round_to_codes(v.cpu(), fmt))
 
 
@@ -762,8 +763,8 @@ def test_fp8_values_by_the_gpus_conversions_are_the_references(name):
     constants = _expect_native(fmt, v.device)
     keys = ("E", "M", "EMIN", "EMAX", "HAS_NAN", "NATIVE_MAX")
     out = torch.empty(v.shape, dtype=torch.float32, device=DEVICE)
-    _fp8_values[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, MAX_VALUE=float(fmt.max),
-                                              **{k: constants[k] for k in keys})
+    _element_values[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, MAX_VALUE=float(fmt.max),
+                                                  **{k: constants[k] for k in keys})
     ref = decode(round_to_codes(v.cpu(), fmt), fmt)
     nan = ref.isnan()
     assert nan.any() and (ref.view(torch.int32) == torch.tensor(0.0).neg().view(torch.int32)).any()
@@ -786,12 +787,12 @@ def test_nearest_codes_and_values_by_one_addition_are_the_references(name):
     nan_in = v.isnan().cpu()
     constants = {**format_constants(fmt), "NATIVE_MAX": 0.0}
     codes = torch.empty(v.shape, dtype=torch.uint8, device=DEVICE)
-    _fp8_codes[(triton.cdiv(len(v), 1024),)](v, codes, len(v), BLOCK=1024, **constants)
+    _element_codes[(triton.cdiv(len(v), 1024),)](v, codes, len(v), BLOCK=1024, **constants)
     codes = codes.cpu()
     keys = ("E", "M", "EMIN", "EMAX", "HAS_NAN", "NATIVE_MAX")
     out = torch.empty(v.shape, dtype=torch.float32, device=DEVICE)
-    _fp8_values[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, MAX_VALUE=float(fmt.max),
-                                              **{k: constants[k] for k in keys})
+    _element_values[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, MAX_VALUE=float(fmt.max),
+                                                  **{k: constants[k] for k in keys})
     out = out.cpu()
     checked = slice(None) if fmt.has_nan else ~nan_in
     ref_codes = round_to_codes(v.cpu()[checked], fmt)
