@@ -301,7 +301,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         v = x * f
     if not VALUES:  # a block whose scale is NaN (its amax not finite) takes code 0 for every
         # element; its values need no such step: whatever its elements round to, they are
-        # multiplied by that NaN scale below
+        # multiplied by that NaN scale below (docs/kernels-notes.md, v61)
         v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
     if VALUES:  # the dequantized values instead of the codes: code value × block scale, to bf16
         noise = 0
@@ -318,7 +318,8 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
             # rounding half to even as `_to_bf16` does, but a NaN to the canonical 0x7FFF where
             # torch and `_to_bf16` give 0x7FC0. Values are NaN exactly in the blocks whose scale
             # is (elements are finite where the scale is, and so are the scales' values), so
-            # those blocks take 0x7FC0 by a select on the converted tile
+            # those blocks take 0x7FC0 by a select on the converted tile (docs/kernels-notes.md,
+            # v60: three to four SASS instructions an element fewer than `_to_bf16`)
             nan16 = tl.full((1, 1, 1), 0x7FC0, tl.uint16).to(tl.bfloat16, bitcast=True)
             out = tl.where((scale == scale)[:, :, None], values.to(tl.bfloat16), nan16)
         else:
