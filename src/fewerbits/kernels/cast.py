@@ -73,7 +73,7 @@ def _round_codes(v, noise, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
     if NATIVE_MAX > 0 and not STOCHASTIC:
         return _native_fp8_codes(v, E, HAS_NAN, NAN_CODE)
     if not STOCHASTIC and not IS_INT and EMIN == 1 - BIAS:
-        return _nearest_codes(v, E, M, BIAS, EMIN, EMAX, MAX_CODE, HAS_NAN, NAN_CODE)
+        return _nearest_codes(v, E, M, BIAS, EMIN, MAX_CODE, HAS_NAN, NAN_CODE)
     neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
     code = (e + (BIAS - 1)) * (1 << M) + r.to(tl.int32)
     code = tl.where(finite, code, MAX_CODE)
@@ -112,7 +112,7 @@ def _nearest_sum(v, M: tl.constexpr, EMIN: tl.constexpr, MAX_BITS: tl.constexpr)
 
 @triton.jit
 def _nearest_codes(v, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
-                   EMAX: tl.constexpr, MAX_CODE: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr):
+                   MAX_CODE: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr):
     """`_round_codes` rounding to nearest, for a floating-point format with subnormals: |v|
     rounded and saturated by one fp32 addition (`_nearest_sum`), its code read off the sum's
     bits. In the binade e (clamped below at EMIN) the sum's bits less c's are the rounded
@@ -125,10 +125,10 @@ def _nearest_codes(v, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN
     C_MIN: tl.constexpr = (EMIN + 127 + 23 - M) << 23
     bits = v.to(tl.int32, bitcast=True)
     s, c = _nearest_sum(v, M, EMIN, MAX_BITS)
-    code = s.to(tl.int32, bitcast=True) - c + ((c >> (23 - M)) - (C_MIN >> (23 - M)))
-    code = code | ((bits >> (31 - E - M)) & (1 << (E + M)))
+    sign = (bits >> (31 - E - M)) & (1 << (E + M))  # v's sign bit where the code's goes
+    code = (s.to(tl.int32, bitcast=True) - c + ((c >> (23 - M)) - (C_MIN >> (23 - M)))) | sign
     if HAS_NAN:
-        code = tl.where(v != v, NAN_CODE | ((bits >> (31 - E - M)) & (1 << (E + M))), code)
+        code = tl.where(v != v, NAN_CODE | sign, code)
     return code
 
 
@@ -221,7 +221,7 @@ def _round_values(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.conste
         return _native_fp8_values(v, E)
     bits = v.to(tl.int32, bitcast=True)
     if STOCHASTIC:
-        neg, nan, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
+        _, _, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
         mag = tl.minimum(r * ((e - M + 127) << 23).to(tl.float32, bitcast=True), MAX_VALUE)
         mag = tl.where(finite, mag, MAX_VALUE)
     else:  # max's bits: its binade EMAX and its significand's fraction
