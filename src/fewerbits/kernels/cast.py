@@ -111,22 +111,33 @@ def _nearest_sum(v, M: tl.constexpr, EMIN: tl.constexpr, MAX_BITS: tl.constexpr)
 
 
 @triton.jit
-def _nearest_codes(v, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
-                   MAX_CODE: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr):
-    """`_round_codes` rounding to nearest, for a floating-point format with subnormals: |v|
-    rounded and saturated by one fp32 addition (`_nearest_sum`), its code read off the sum's
-    bits. In the binade e (clamped below at EMIN) the sum's bits less c's are the rounded
-    magnitude in quanta 2^(e − M), k, and the code of k quanta of binade e is
-    (e + BIAS − 1) · 2^M + k — subnormals (e = EMIN = 1 − BIAS) and normals alike, k = 2^(M + 1)
-    giving the next binade's first code — where (e + BIAS − 1) · 2^M is c's bits shifted right
-    by 23 − M less the same of the smallest c. Then the sign bit, and NaN's code where the
-    format has one."""
+def _nearest_magnitude(v, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr):
+    """(code, mag): |v| rounded to nearest (half to even) and saturated on the grid of a
+    floating-point format with subnormals whose largest finite code is MAX_CODE, by one fp32
+    addition (`_nearest_sum`): its code without the sign bit, and its value.
+
+    In the binade e (clamped below at EMIN) the sum's bits less c's are the rounded magnitude in
+    quanta 2^(e − M), k, and the code of k quanta of binade e is (e + BIAS − 1) · 2^M + k —
+    subnormals (e = EMIN = 1 − BIAS) and normals alike, k = 2^(M + 1) giving the next binade's
+    first code — where (e + BIAS − 1) · 2^M is c's bits shifted right by 23 − M less the same
+    of the smallest c. The value is s − c, exactly. (±inf and NaN give max's code and value.)"""
     MAX_BITS: tl.constexpr = (((MAX_CODE >> M) - BIAS + 127) << 23) | ((MAX_CODE & ((1 << M) - 1)) << (23 - M))
     C_MIN: tl.constexpr = (EMIN + 127 + 23 - M) << 23
-    bits = v.to(tl.int32, bitcast=True)
     s, c = _nearest_sum(v, M, EMIN, MAX_BITS)
+    code = s.to(tl.int32, bitcast=True) - c + ((c >> (23 - M)) - (C_MIN >> (23 - M)))
+    return code, s - c.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _nearest_codes(v, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
+                   MAX_CODE: tl.constexpr, HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr):
+    """`_round_codes` rounding to nearest, for a floating-point format with subnormals: the code
+    of |v| rounded and saturated by one fp32 addition (`_nearest_magnitude`), then the sign bit,
+    and NaN's code where the format has one."""
+    bits = v.to(tl.int32, bitcast=True)
+    code, _ = _nearest_magnitude(v, M, BIAS, EMIN, MAX_CODE)
     sign = (bits >> (31 - E - M)) & (1 << (E + M))  # v's sign bit where the code's goes
-    code = (s.to(tl.int32, bitcast=True) - c + ((c >> (23 - M)) - (C_MIN >> (23 - M)))) | sign
+    code = code | sign
     if HAS_NAN:
         code = tl.where(v != v, NAN_CODE | sign, code)
     return code

@@ -41,7 +41,8 @@ from ..codes import code_table, pack as pack_codes
 from ..quantize import check_amax
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
-from .cast import _encode_store, _round_codes, _round_values, _seed_noise, _to_bf16, cdiv, format_constants
+from .cast import (_encode_store, _nearest_magnitude, _round_codes, _round_values, _seed_noise, _to_bf16, cdiv,
+                   format_constants)
 
 RULES = {"amax": 0, "floor": 1, "ceil": 2, "even": 3, "rceil": 4, "two_level": 5}
 
@@ -165,16 +166,13 @@ def _block_scale(amax, elem_max, rcp_max, tensor_scales_ptr, enc_numerator, s_de
         mult = s_enc * rcp_max
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
             tl.store(s_dec_ptr, s_dec)
-        raw = tl.minimum(tl.minimum(amax * mult, 3.4028234663852886e38), 448.0)
-        e = tl.minimum(tl.maximum(((raw.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6), 9)
-        units = raw * ((3 - e + 127) << 23).to(tl.float32, bitcast=True)
-        low = tl.floor(units)
-        frac = units - low
-        up = (frac > 0.5) | ((frac == 0.5) & ((low.to(tl.int32) & 1) == 1))
-        units = low + up.to(tl.float32)
-        scale = tl.minimum(units * ((e - 3 + 127) << 23).to(tl.float32, bitcast=True), 448.0)
+        # the block's amax × the multiplier to E4M3, half to even with subnormals, saturated at
+        # 448 (an overflow to inf as well): its code and value by one fp32 addition, as the FP4
+        # elements'. A floor and a float-to-integer conversion (quarter-rate on Hopper) and the
+        # fraction's comparisons took 1.8 SASS instructions an element more in NVFP4's codes
+        # along bf16 rows, compiled for sm_90 (docs/kernels-notes.md, v63)
+        code, scale = _nearest_magnitude(amax * mult, 3, 7, -6, 126)
         factor = tl.minimum(tl.div_rn(1.0, scale * s_dec), 3.4028234663852886e38)
-        code = tl.minimum((e + 6) * 8 + units.to(tl.int32), 126)  # the E4M3 code, saturated
         code = tl.where(finite, code, 0x7F)
     else:  # powers of two: the exponent k of the scale 2^k
         if RULE == 1:  # floor: 2^(floor(log2 amax) − emax)
