@@ -543,34 +543,49 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
     """A column read (a transposed view: the weight-gradient operands) gives the reference's
     values, and its codes and scales, whether the kernel lays the tile out in the memory's order
     or as a row read (`rowblock.column_read_as_rows`, which takes its row stride unspecialized),
-    or reads a row-major copy by the tiled transpose (`column_read_transposed_first`): nearest
-    and stochastic rounding, with and without the recipes' Hadamard transforms, fp32 and bf16
-    input, NaN/inf/zero/subnormal blocks, rows that do not fill a tile."""
+    or reads a row-major copy by the tiled transpose (`column_read_transposed_first`), and a bf16
+    one with an even number of rows also with its rows loaded two at a time or not
+    (`rowblock.pairs_possible`, `column_read_in_pairs`): nearest and stochastic rounding, with and
+    without the recipes' Hadamard transforms, fp32 and bf16 input, NaN/inf/zero/subnormal
+    blocks, rows that do not fill a tile."""
     from fewerbits.kernels import rowblock
     from fewerbits.rounding import draw_seed
 
     scheme = fb.get_scheme(name)
-    x = torch.from_numpy(hard_matrix(64, 45, seed=8, specials=True)).to(DEVICE)
     transformed = name in ("mxfp4", "nvfp4")  # the FP4 recipes' weight-gradient operands
     transforms = (None, fb.Hadamard(scheme.block[1], seed=2)) if transformed else (None,)
-    for t in (x, x.bfloat16()):
-        X = t.t()  # (45, 64), read along columns
-        assert X.stride(0) == 1
-        for rounding in ("nearest", "stochastic"):
-            for h in transforms:
-                gen = lambda: torch.Generator(device=DEVICE).manual_seed(11)  # noqa: E731
-                seed = draw_seed(X.device, gen()) if rounding == "stochastic" else None
-                q = fb.quantize(X if h is None else h.transform(X, dim=-1), scheme, rounding=rounding, generator=gen())
-                ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
-                for as_rows, first in ((False, False), (True, False), (None, True)):
-                    values, _, ts = rowblock.quantize_rowblocks(X, scheme, seed, values=True, hadamard=h,
-                                                                as_rows=as_rows, transpose_first=first)
-                    assert same_values(values, ref), (t.dtype, rounding, h is not None, as_rows, first)
-                    assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)
-                for as_rows in (False, True):
-                    codes, scales, _ = rowblock.quantize_rowblocks(X, scheme, seed, hadamard=h, as_rows=as_rows)
-                    assert torch.equal(codes, q.data), (t.dtype, rounding, h is not None, as_rows)
-                    assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
+    paired = 0
+    for x in (torch.from_numpy(hard_matrix(64, cols, seed=8, specials=True)).to(DEVICE) for cols in (45, 46)):
+        for t in (x, x.bfloat16()):
+            X = t.t()  # (45 or 46, 64), read along columns
+            assert X.stride(0) == 1
+            pairs = (False, True) if rowblock.pairs_possible(X, 32) else (False,)
+            paired += len(pairs) > 1
+            for rounding in ("nearest", "stochastic"):
+                for h in transforms:
+                    gen = lambda: torch.Generator(device=DEVICE).manual_seed(11)  # noqa: E731
+                    seed = draw_seed(X.device, gen()) if rounding == "stochastic" else None
+                    q = fb.quantize(X if h is None else h.transform(X, dim=-1), scheme, rounding=rounding,
+                                    generator=gen())
+                    ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
+                    ways = [(False, False, False), (None, True, False)] + [(True, False, p) for p in pairs]
+                    for as_rows, first, p in ways:
+                        values, _, ts = rowblock.quantize_rowblocks(X, scheme, seed, values=True, hadamard=h,
+                                                                    as_rows=as_rows, transpose_first=first, pairs=p)
+                        assert same_values(values, ref), (t.dtype, rounding, h is not None, as_rows, first, p)
+                        assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale)
+                    for as_rows, p in [(False, False)] + [(True, p) for p in pairs]:
+                        codes, scales, _ = rowblock.quantize_rowblocks(X, scheme, seed, hadamard=h, as_rows=as_rows,
+                                                                       pairs=p)
+                        assert torch.equal(codes, q.data), (t.dtype, rounding, h is not None, as_rows, p)
+                        assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
+    assert paired == 1  # the bf16 matrix of 46 rows, only
+    with pytest.raises(ValueError, match="pairs"):  # 45 rows: the last one has no partner
+        rowblock.quantize_rowblocks(x.bfloat16()[:, :45].contiguous().t(), scheme, None, as_rows=True, pairs=True)
+    # the choice: bf16 column reads laid out as rows, but not FP6 codes
+    assert rowblock.column_read_in_pairs(x.bfloat16().t(), scheme, 32)
+    assert not rowblock.column_read_in_pairs(x.t(), scheme, 32)
+    assert not rowblock.column_read_in_pairs(x.bfloat16().t(), fb.get_scheme("mxfp6_e2m3"), 32)
     # the choice: the row layout for 1 × bc blocks read along columns, but not under a 32-point
     # transform, whose column reads of values are copied to rows first
     assert rowblock.column_read_as_rows(x.t(), scheme) and not rowblock.column_read_as_rows(x, scheme)
@@ -587,7 +602,7 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
     X = x.t()
     h = fb.Hadamard(scheme.block[1], seed=2) if transformed else None
     values, _, _ = rowblock.quantize_rowblocks(X, scheme, None, values=True, hadamard=h)  # the default
-    assert calls == ([(64, 45)] if name == "mxfp4" else [])
+    assert calls == ([(64, 46)] if name == "mxfp4" else [])  # (the last matrix above)
     ref = fb.quantize(X if h is None else h.transform(X, dim=-1), scheme).dequantize_matrix(torch.bfloat16,
                                                                                           tensor_scale=False)
     assert same_values(values, ref)

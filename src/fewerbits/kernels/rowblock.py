@@ -213,7 +213,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                      MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr,
                      NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False, FP64_QUOTIENT: tl.constexpr = False,
                      CODES_3D: tl.constexpr = False, TRANSPOSED: tl.constexpr = False,
-                     NATIVE_BF16: tl.constexpr = False):
+                     NATIVE_BF16: tl.constexpr = False, PAIRS: tl.constexpr = False):
     # TRANSPOSED: x is the transpose T of the matrix quantized, whose square blocks are T's
     # blocks transposed (`square_column_read_transposed`); codes, scales and noise are placed
     # by that matrix's coordinates, (column, row) of T
@@ -224,14 +224,30 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
     # factor broadcast back along the last axis, with no reshape between (a reshape can make
     # the compiler move the tile through shared memory)
     rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
+    if PAIRS:  # rows loaded two at a time (below): the tile's first half holds the even rows,
+        # its second half the odd ones
+        half = tl.arange(0, TILE_R) // (TILE_R // 2)
+        rows = tl.program_id(0) * TILE_R + 2 * (tl.arange(0, TILE_R) - half * (TILE_R // 2)) + half
     rows3 = rows[:, None, None]
     cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[None, :, None] + tl.arange(0, BC)[None, None, :]
     inside3 = (rows3 < R) & (cols3 < C)
     # AS_ROWS: the row stride (1: a column read) from an argument the compiler does not
     # specialize; not seeing that the rows are contiguous, it lays the tile out as for a row
-    # read (`column_read_as_rows`), loading element by element
-    offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
-    x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
+    # read (`column_read_as_rows`), loading element by element (or, PAIRS, two rows' elements
+    # at a time)
+    if PAIRS:  # a bf16 column read laid out as rows (`column_read_in_pairs`): rows 2p and
+        # 2p + 1, neighbours in memory, loaded as one int32 (row 2p in its low half), half as
+        # many loads as one element each; the even rows then the odd ones make the tile (on the
+        # H200 faster than rows 2p and 2p + 1 side by side: docs/kernels-notes.md, v64)
+        tl.static_assert(AS_ROWS and X_BF16 and TILE_R % 2 == 0)
+        pairs3 = (tl.program_id(0) * (TILE_R // 2) + tl.arange(0, TILE_R // 2))[:, None, None]
+        w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + pairs3 * row_stride + cols3 * (sxc // 2),
+                    mask=(2 * pairs3 < R) & (cols3 < C), other=0)
+        x = tl.join((w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True))
+        x = tl.reshape(tl.permute(x, (3, 0, 1, 2)), (TILE_R, NB, BC))
+    else:
+        offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
+        x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
     xbits = x.to(tl.int32, bitcast=True)
     if H_STAGES > 0:  # the blocks transformed first (C a multiple of BC: no padding in a block)
         x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, H_STAGES, H_SPLIT)
@@ -532,7 +548,8 @@ def _column_read(X: torch.Tensor) -> bool:
 def column_read_as_rows(X: torch.Tensor, scheme: Scheme, hadamard=None) -> bool:
     """Whether the kernel lays out a column read of X — a transposed view: every weight-gradient
     operand, and the weight of dgrad — as it lays out a row read: a block's elements along
-    lanes, 8 consecutive ones a thread, loaded one by one; otherwise a thread holds
+    lanes, 8 consecutive ones a thread, loaded one by one (bf16 two rows at a time,
+    `column_read_in_pairs`); otherwise a thread holds
     consecutive rows (the direction contiguous in memory, loaded 16 bytes at a time), and each
     block's reductions and scale arithmetic run across lanes and warps. Chosen by timing on
     the H200: the row layout for the values and the codes of 1 × bc blocks read along columns
@@ -545,6 +562,25 @@ def column_read_as_rows(X: torch.Tensor, scheme: Scheme, hadamard=None) -> bool:
     first (`column_read_transposed_first`) and the codes keep the memory's order."""
     br, bc = scheme.block
     return br == 1 and _column_read(X) and not (hadamard is not None and bc == 32)
+
+
+def pairs_possible(X: torch.Tensor, tile_r: int) -> bool:
+    """Whether the kernel can load a column read of bf16 X two rows at a time (PAIRS), in tiles
+    of tile_r rows: X's rows 2p and 2p + 1 one aligned int32 for every p."""
+    return (X.dtype == torch.bfloat16 and _column_read(X) and X.shape[0] % 2 == 0 and X.stride(1) % 2 == 0
+            and X.data_ptr() % 4 == 0 and tile_r % 2 == 0)
+
+
+def column_read_in_pairs(X: torch.Tensor, scheme: Scheme, tile_r: int) -> bool:
+    """Whether a column read of X laid out as rows (`column_read_as_rows`) loads its rows two at a
+    time, as one int32 (`pairs_possible`): for bf16, except FP6 elements. Chosen by timing on
+    the H200 (docs/kernels-notes.md, v64; bf16 8192 x 14336 read down its columns): FP8 1x128
+    codes 0.1107 → 0.1063 ms, MXFP8 codes 0.1094 → 0.1011, NVFP4 codes 0.2070 → 0.1964, the
+    values of MXFP8 0.1457 → 0.1415, MXFP4 0.1469 → 0.1437, NVFP4 0.2297 → 0.2164 and, under
+    its transform with stochastic rounding (wgrad's gradients), 0.3859 → 0.3540; MXFP4 codes
+    the same; MXFP6 codes slower, 0.1297 → 0.1456, so FP6 (its values not timed) keeps one
+    element a load."""
+    return scheme.elem.bits != 6 and pairs_possible(X, tile_r)
 
 
 def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None) -> bool:
@@ -615,7 +651,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                        tile_r: int | None = None, tile_c: int | None = None, values: bool = False, hadamard=None,
                        num_warps: int | None = None, as_rows: bool | None = None,
                        transpose_first: bool | None = None, tensor_amax: torch.Tensor | None = None,
-                       fp64: bool | None = None, transposed: bool | None = None):
+                       fp64: bool | None = None, transposed: bool | None = None, pairs: bool | None = None):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Codes and scales are stored as QuantizedTensor stores them: codes packed (fp4 two a byte,
@@ -691,16 +727,21 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         s_dec = torch.empty((), dtype=torch.float32, device=X.device)
     if X.numel() == 0:
         return finish(codes, elem), scales, s_dec
+    if pairs is None:
+        pairs = as_rows and column_read_in_pairs(X, scheme, tile_r)
+    elif pairs and not (as_rows and pairs_possible(X, tile_r)):
+        raise ValueError("pairs: a bf16 column read laid out as rows, with an even number of rows, an even "
+                         "column stride and a 4-byte aligned start, in tiles of an even number of rows")
     _launch(X, seed, codes.view(torch.int32) if words else codes, scales, scheme, rule_of(scheme), tensor_amax,
             scales, bc, 0, scale_codes, tile_r, tile_c, br, values, hadamard, s_dec, num_warps, as_rows, fp64,
-            transposed)
+            transposed, pairs)
     return finish(codes, elem), scales, s_dec
 
 
 def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax, bc: int, amax_mode: int,
             scale_codes: bool, tile_r: int, tile_c: int, br: int = 1, values: bool = False, hadamard=None,
             s_dec=None, num_warps: int | None = None, as_rows: bool = False, fp64: bool | None = None,
-            transposed: bool = False) -> None:
+            transposed: bool = False, pairs: bool = False) -> None:
     """One launch of the kernel over X (R, C); `tensor_amax` (and `s_dec`, written) only by the
     two-level rule, `amax` only by the amax modes; fp64: the quotient by the fp64 reciprocal
     (default: `fp64_quotient`); transposed: X's square blocks read from X.t()
@@ -729,7 +770,8 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         # fp32 rows 1.07x, the one-read rows 1.09–1.13x, and 128x128 on bf16 1.17–1.29x (its
         # codes packed four at a time, which the 2D store made slower there); MX blocks were 0–2%
         # slower with it, so they keep the 2D store (docs/kernels-notes.md, v56 and v57)
-        CODES_3D=rule == "amax", TRANSPOSED=transposed, NATIVE_BF16=values and not _interpreted(X), **constants,
+        CODES_3D=rule == "amax", TRANSPOSED=transposed, NATIVE_BF16=values and not _interpreted(X), PAIRS=pairs,
+        **constants,
     )
 
 
