@@ -544,7 +544,7 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
     values, and its codes and scales, whether the kernel lays the tile out in the memory's order
     or as a row read (`rowblock.column_read_as_rows`, which takes its row stride unspecialized),
     or reads a row-major copy by the tiled transpose (`column_read_transposed_first`), and a bf16
-    one with an even number of rows also with its rows loaded two at a time or not
+    or fp32 one with an even number of rows also with its rows loaded two at a time or not
     (`rowblock.pairs_possible`, `column_read_in_pairs`): nearest and stochastic rounding, with and
     without the recipes' Hadamard transforms, fp32 and bf16 input, NaN/inf/zero/subnormal
     blocks, rows that do not fill a tile."""
@@ -579,10 +579,10 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
                                                                        pairs=p)
                         assert torch.equal(codes, q.data), (t.dtype, rounding, h is not None, as_rows, p)
                         assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
-    assert paired == 1  # the bf16 matrix of 46 rows, only
+    assert paired == 2  # the fp32 and bf16 matrices of 46 rows
     with pytest.raises(ValueError, match="pairs"):  # 45 rows: the last one has no partner
         rowblock.quantize_rowblocks(x.bfloat16()[:, :45].contiguous().t(), scheme, None, as_rows=True, pairs=True)
-    # the choice: bf16 column reads laid out as rows, but not FP6 codes
+    # the choice: bf16 column reads laid out as rows, but not FP6
     assert rowblock.column_read_in_pairs(x.bfloat16().t(), scheme, 32)
     assert not rowblock.column_read_in_pairs(x.t(), scheme, 32)
     assert not rowblock.column_read_in_pairs(x.bfloat16().t(), fb.get_scheme("mxfp6_e2m3"), 32)

@@ -239,11 +239,16 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         # 2p + 1, neighbours in memory, loaded as one int32 (row 2p in its low half), half as
         # many loads as one element each; the even rows then the odd ones make the tile (on the
         # H200 faster than rows 2p and 2p + 1 side by side: docs/kernels-notes.md, v64)
-        tl.static_assert(AS_ROWS and X_BF16 and TILE_R % 2 == 0)
+        tl.static_assert(AS_ROWS and TILE_R % 2 == 0)
         pairs3 = (tl.program_id(0) * (TILE_R // 2) + tl.arange(0, TILE_R // 2))[:, None, None]
-        w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + pairs3 * row_stride + cols3 * (sxc // 2),
-                    mask=(2 * pairs3 < R) & (cols3 < C), other=0)
-        x = tl.join((w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True))
+        if X_BF16:
+            w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + pairs3 * row_stride + cols3 * (sxc // 2),
+                        mask=(2 * pairs3 < R) & (cols3 < C), other=0)
+            x = tl.join((w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True))
+        else:
+            w = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + pairs3 * row_stride + cols3 * (sxc // 2),
+                        mask=(2 * pairs3 < R) & (cols3 < C), other=0)
+            x = tl.join(w.to(tl.int32).to(tl.float32, bitcast=True), (w >> 32).to(tl.int32).to(tl.float32, bitcast=True))
         x = tl.reshape(tl.permute(x, (3, 0, 1, 2)), (TILE_R, NB, BC))
     else:
         offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
@@ -565,10 +570,11 @@ def column_read_as_rows(X: torch.Tensor, scheme: Scheme, hadamard=None) -> bool:
 
 
 def pairs_possible(X: torch.Tensor, tile_r: int) -> bool:
-    """Whether the kernel can load a column read of bf16 X two rows at a time (PAIRS), in tiles
-    of tile_r rows: X's rows 2p and 2p + 1 one aligned int32 for every p."""
-    return (X.dtype == torch.bfloat16 and _column_read(X) and X.shape[0] % 2 == 0 and X.stride(1) % 2 == 0
-            and X.data_ptr() % 4 == 0 and tile_r % 2 == 0)
+    """Whether the kernel can load a column read of bf16 or fp32 X two rows at a time (PAIRS),
+    in tiles of tile_r rows: X's rows 2p and 2p + 1 one aligned int32 (bf16) or int64 (fp32)
+    for every p."""
+    return (X.dtype in (torch.bfloat16, torch.float32) and _column_read(X) and X.shape[0] % 2 == 0
+            and X.stride(1) % 2 == 0 and X.data_ptr() % (2 * X.element_size()) == 0 and tile_r % 2 == 0)
 
 
 def column_read_in_pairs(X: torch.Tensor, scheme: Scheme, tile_r: int) -> bool:
@@ -580,7 +586,7 @@ def column_read_in_pairs(X: torch.Tensor, scheme: Scheme, tile_r: int) -> bool:
     its transform with stochastic rounding (wgrad's gradients), 0.3859 → 0.3540; MXFP4 codes
     the same; MXFP6 codes slower, 0.1297 → 0.1456, so FP6 (its values not timed) keeps one
     element a load."""
-    return scheme.elem.bits != 6 and pairs_possible(X, tile_r)
+    return X.dtype == torch.bfloat16 and scheme.elem.bits != 6 and pairs_possible(X, tile_r)
 
 
 def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None) -> bool:
