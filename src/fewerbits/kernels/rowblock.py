@@ -235,10 +235,10 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
     # specialize; not seeing that the rows are contiguous, it lays the tile out as for a row
     # read (`column_read_as_rows`), loading element by element (or, PAIRS, two rows' elements
     # at a time)
-    if PAIRS:  # a bf16 column read laid out as rows (`column_read_in_pairs`): rows 2p and
-        # 2p + 1, neighbours in memory, loaded as one int32 (row 2p in its low half), half as
-        # many loads as one element each; the even rows then the odd ones make the tile (on the
-        # H200 faster than rows 2p and 2p + 1 side by side: docs/kernels-notes.md, v64)
+    if PAIRS:  # a column read laid out as rows (`pairs_possible`): rows 2p and 2p + 1,
+        # neighbours in memory, loaded as one int32 (bf16) or int64 (fp32), row 2p in its low
+        # half: half as many loads as one element each. The even rows then the odd ones make the
+        # tile (on the H200 faster than rows 2p and 2p + 1 side by side: docs/kernels-notes.md, v64)
         tl.static_assert(AS_ROWS and TILE_R % 2 == 0)
         pairs3 = (tl.program_id(0) * (TILE_R // 2) + tl.arange(0, TILE_R // 2))[:, None, None]
         if X_BF16:
@@ -248,7 +248,8 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         else:
             w = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + pairs3 * row_stride + cols3 * (sxc // 2),
                         mask=(2 * pairs3 < R) & (cols3 < C), other=0)
-            x = tl.join(w.to(tl.int32).to(tl.float32, bitcast=True), (w >> 32).to(tl.int32).to(tl.float32, bitcast=True))
+            x = tl.join(w.to(tl.int32).to(tl.float32, bitcast=True),
+                        (w >> 32).to(tl.int32).to(tl.float32, bitcast=True))
         x = tl.reshape(tl.permute(x, (3, 0, 1, 2)), (TILE_R, NB, BC))
     else:
         offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
@@ -677,6 +678,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     same bits either way).
     transposed: read a column read of square blocks as the row read of X.t() (default:
     `square_column_read_transposed`; the same bits again).
+    pairs: load a column read laid out as rows two rows at a time (default: `column_read_in_pairs`;
+    the same bits again).
     tensor_amax: NVFP4's tensor amax (fp32, 0-d) where the caller has it already — that of X,
     or of its transform under `hadamard` (`two_amaxes`) — instead of a pass over X for it.
     """
@@ -736,8 +739,9 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     if pairs is None:
         pairs = as_rows and column_read_in_pairs(X, scheme, tile_r)
     elif pairs and not (as_rows and pairs_possible(X, tile_r)):
-        raise ValueError("pairs: a bf16 column read laid out as rows, with an even number of rows, an even "
-                         "column stride and a 4-byte aligned start, in tiles of an even number of rows")
+        raise ValueError("pairs: a bf16 or fp32 column read laid out as rows, with an even number of rows, an "
+                         "even column stride and a start aligned to two elements, in tiles of an even number "
+                         "of rows")
     _launch(X, seed, codes.view(torch.int32) if words else codes, scales, scheme, rule_of(scheme), tensor_amax,
             scales, bc, 0, scale_codes, tile_r, tile_c, br, values, hadamard, s_dec, num_warps, as_rows, fp64,
             transposed, pairs)
