@@ -582,6 +582,11 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
     assert paired == 2  # the fp32 and bf16 matrices of 46 rows
     with pytest.raises(ValueError, match="pairs"):  # 45 rows: the last one has no partner
         rowblock.quantize_rowblocks(x.bfloat16()[:, :45].contiguous().t(), scheme, None, as_rows=True, pairs=True)
+    b = x.bfloat16()  # (64, 46): a slice's view starts 4-byte aligned, or not
+    assert rowblock.pairs_possible(b[:, 2:46].t(), 32) and not rowblock.pairs_possible(b[:, 1:45].t(), 32)
+    for view in (b[:, 2:46].t(), b[:, 1:45].t()):  # the default loads of a slice, either way
+        codes, scales, _ = rowblock.quantize_rowblocks(view, scheme, None)
+        assert torch.equal(codes, fb.quantize(view, scheme).data)
     # the choice: bf16 column reads laid out as rows, but not FP6
     assert rowblock.column_read_in_pairs(x.bfloat16().t(), scheme, 32)
     assert not rowblock.column_read_in_pairs(x.t(), scheme, 32)
