@@ -10,7 +10,8 @@ gradient operands) — it compiles `kernels/rowblock.py`'s `_rowblock_kernel` wi
 compiler and ptxas (both in the triton wheel) and prints, per variant, the SASS instruction
 count of the whole kernel and per element (one tile of the library's choice,
 `rowblock.default_tile`, for a row read and for a column read laid out as a row read,
-`rowblock.column_read_as_rows`; the rows of a row-major copy where the library transposes a
+`rowblock.column_read_as_rows`, its rows loaded two at a time where the library does so,
+`rowblock.column_read_in_pairs`; the rows of a row-major copy where the library transposes a
 column read first, `rowblock.column_read_transposed_first`), the registers a thread, the
 shared memory, and the instructions that move the tile between layouts (STS/LDS through shared
 memory, BAR barriers, SHFL lane shuffles).
@@ -20,8 +21,8 @@ FP8 elements are rounded by the GPU's conversion where the target has one (from
 
 With --codes it compiles the codes instead (`kernels.quantize`'s one-read path), for bf16 and
 fp32 inputs, with the layout, tile and warps `rowblock.quantize_rowblocks` picks
-(`rowblock.tile_of`): 1 × bc column reads laid out as rows, square blocks read down columns
-from the transpose (`rowblock.square_column_read_transposed`).
+(`rowblock.tile_of`): 1 × bc column reads laid out as rows (bf16 ones two rows a load, but
+FP6), square blocks read down columns from the transpose (`rowblock.square_column_read_transposed`).
 
 These are static counts, not a timing: a count that grows, or barriers and shared memory that
 appear, show where a variant does more work per element; only the GPU says how much that costs.
