@@ -38,7 +38,6 @@ import triton
 import triton.language as tl
 
 from ..codes import code_table, pack as pack_codes
-from ..formats import get_format
 from ..quantize import check_amax
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
@@ -97,12 +96,6 @@ def _hadamard_blocks(x, signs_ptr, h_scale, TILE_R: tl.constexpr, NB: tl.constex
             x = tl.reshape(tl.where(pm > 0, total, diff), (TILE_R, NB, BC))
     return x * h_scale
 
-
-# NVFP4's block-scale format (a two-level scheme's scales are E4M3: schemes.Scheme.two_level),
-# as `_block_scale` rounds to it
-_E4M3 = get_format("fp8_e4m3")
-E4M3_M, E4M3_BIAS, E4M3_EMIN = tl.constexpr(_E4M3.man_bits), tl.constexpr(_E4M3.bias), tl.constexpr(_E4M3.emin)
-E4M3_MAX_CODE, E4M3_NAN_CODE = tl.constexpr(_E4M3.max_code), tl.constexpr(_E4M3.nan_code)
 
 QUOTIENT_LOW = tl.constexpr(2.0 ** -64)  # `_quotient` returns the quotient for |x · p| in [LOW, HIGH)
 QUOTIENT_HIGH = tl.constexpr(2.0 ** 64)
@@ -178,9 +171,9 @@ def _block_scale(amax, elem_max, rcp_max, tensor_scales_ptr, enc_numerator, s_de
         # elements'. A floor and a float-to-integer conversion (quarter-rate on Hopper) and the
         # fraction's comparisons took 1.8 SASS instructions an element more in NVFP4's codes
         # along bf16 rows, compiled for sm_90 (docs/kernels-notes.md, v63)
-        code, scale = _nearest_magnitude(amax * mult, E4M3_M, E4M3_BIAS, E4M3_EMIN, E4M3_MAX_CODE)
+        code, scale = _nearest_magnitude(amax * mult, 3, 7, -6, 126)
         factor = tl.minimum(tl.div_rn(1.0, scale * s_dec), 3.4028234663852886e38)
-        code = tl.where(finite, code, E4M3_NAN_CODE)
+        code = tl.where(finite, code, 0x7F)
     else:  # powers of two: the exponent k of the scale 2^k
         if RULE == 1:  # floor: 2^(floor(log2 amax) − emax)
             k = afield - 127 - EMAX_ELEM
