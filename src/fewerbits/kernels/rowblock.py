@@ -171,6 +171,9 @@ def _block_scale(amax, elem_max, rcp_max, tensor_scales_ptr, enc_numerator, s_de
         # elements'. A floor and a float-to-integer conversion (quarter-rate on Hopper) and the
         # fraction's comparisons took 1.8 SASS instructions an element more in NVFP4's codes
         # along bf16 rows, compiled for sm_90 (docs/kernels-notes.md, v63)
+        # (E4M3 as formats.py's fp8_e4m3 has it: 3 mantissa bits, bias 7, smallest binade −6,
+        # largest finite code 126; literals, as Triton's interpreter takes no constexpr global
+        # in integer arithmetic; a wrong one fails NVFP4's kernel tests)
         code, scale = _nearest_magnitude(amax * mult, 3, 7, -6, 126)
         factor = tl.minimum(tl.div_rn(1.0, scale * s_dec), 3.4028234663852886e38)
         code = tl.where(finite, code, 0x7F)
