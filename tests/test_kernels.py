@@ -721,11 +721,13 @@ def _element_codes(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: t
 
 
 @triton.jit
-def _element_values(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.constexpr, EMIN: tl.constexpr,
-                EMAX: tl.constexpr, HAS_NAN: tl.constexpr, NATIVE_MAX: tl.constexpr, MAX_VALUE: tl.constexpr):
+def _element_values(v_ptr, out_ptr, N, BLOCK: tl.constexpr, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
+                    EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr, HAS_NAN: tl.constexpr,
+                    NATIVE_MAX: tl.constexpr, MAX_VALUE: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(v_ptr + i, mask=i < N, other=0.0)
-    tl.store(out_ptr + i, _round_values(v, 0, M, EMIN, EMAX, MAX_VALUE, HAS_NAN, False, E, NATIVE_MAX), mask=i < N)
+    values = _round_values(v, 0, M, BIAS, EMIN, EMAX, MAX_CODE, MAX_VALUE, HAS_NAN, False, E, NATIVE_MAX)
+    tl.store(out_ptr + i, values, mask=i < N)
 
 
 def _edge_values(fmt) -> torch.Tensor:
@@ -781,7 +783,7 @@ def test_fp8_values_by_the_gpus_conversions_are_the_references(name):
     fmt = fb.get_format(name)
     v = _edge_values(fmt)
     constants = _expect_native(fmt, v.device)
-    keys = ("E", "M", "EMIN", "EMAX", "HAS_NAN", "NATIVE_MAX")
+    keys = ("E", "M", "BIAS", "EMIN", "EMAX", "MAX_CODE", "HAS_NAN", "NATIVE_MAX")
     out = torch.empty(v.shape, dtype=torch.float32, device=DEVICE)
     _element_values[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, MAX_VALUE=float(fmt.max),
                                                   **{k: constants[k] for k in keys})
@@ -809,7 +811,7 @@ def test_nearest_codes_and_values_by_one_addition_are_the_references(name):
     codes = torch.empty(v.shape, dtype=torch.uint8, device=DEVICE)
     _element_codes[(triton.cdiv(len(v), 1024),)](v, codes, len(v), BLOCK=1024, **constants)
     codes = codes.cpu()
-    keys = ("E", "M", "EMIN", "EMAX", "HAS_NAN", "NATIVE_MAX")
+    keys = ("E", "M", "BIAS", "EMIN", "EMAX", "MAX_CODE", "HAS_NAN", "NATIVE_MAX")
     out = torch.empty(v.shape, dtype=torch.float32, device=DEVICE)
     _element_values[(triton.cdiv(len(v), 1024),)](v, out, len(v), BLOCK=1024, MAX_VALUE=float(fmt.max),
                                                   **{k: constants[k] for k in keys})

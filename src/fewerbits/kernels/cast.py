@@ -217,17 +217,18 @@ def _native_fp8_values(v, E: tl.constexpr):
 
 
 @triton.jit
-def _round_values(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_VALUE: tl.constexpr,
-                  HAS_NAN: tl.constexpr, STOCHASTIC: tl.constexpr, E: tl.constexpr = 0,
-                  NATIVE_MAX: tl.constexpr = 0.0):
+def _round_values(v, noise, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                  MAX_CODE: tl.constexpr, MAX_VALUE: tl.constexpr, HAS_NAN: tl.constexpr, STOCHASTIC: tl.constexpr,
+                  E: tl.constexpr = 0, NATIVE_MAX: tl.constexpr = 0.0):
     """The values `_round_codes`' codes decode to, for a floating-point element format, without
     the codes: ±min(r · 2^(e − M), max) (exact: r is an integer of at most M + 2 bits), ±max
     where v is not finite, NaN for NaN where the format has one — a code past the largest
     finite one is a value past max, which the code's saturation turns into max.
 
     Rounding to nearest takes a shorter way to the same value: the magnitude saturated, then
-    one fp32 addition and subtraction (`_nearest_sum`); FP8 where the GPU converts to it
-    (NATIVE_MAX, as `_round_codes`), its conversions (`_native_fp8_values`)."""
+    one fp32 addition and subtraction (`_nearest_magnitude`'s value, the codes' own rounding);
+    FP8 where the GPU converts to it (NATIVE_MAX, as `_round_codes`), its conversions
+    (`_native_fp8_values`)."""
     if NATIVE_MAX > 0 and not STOCHASTIC:
         return _native_fp8_values(v, E)
     bits = v.to(tl.int32, bitcast=True)
@@ -235,10 +236,8 @@ def _round_values(v, noise, M: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.conste
         _, _, finite, e, r = _round_units(v, noise, M, EMIN, EMAX, STOCHASTIC)
         mag = tl.minimum(r * ((e - M + 127) << 23).to(tl.float32, bitcast=True), MAX_VALUE)
         mag = tl.where(finite, mag, MAX_VALUE)
-    else:  # max's bits: its binade EMAX and its significand's fraction
-        MAX_BITS: tl.constexpr = ((EMAX + 127) << 23) | int((MAX_VALUE / 2.0**EMAX - 1.0) * 8388608.0)
-        s, c = _nearest_sum(v, M, EMIN, MAX_BITS)
-        mag = s - c.to(tl.float32, bitcast=True)  # past max, ±inf and NaN: max
+    else:
+        _, mag = _nearest_magnitude(v, M, BIAS, EMIN, MAX_CODE)  # past max, ±inf and NaN: max
     # the sign put in as a bit: a select between mag and −mag may lose the sign of a zero
     # (on the H200 it did), and −0 is what the reference's codes give
     val = (mag.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)

@@ -335,7 +335,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                                 STOCHASTIC)
             elems = tl.load(elem_table + code)
         else:
-            elems = _round_values(v, noise, M, EMIN, EMAX, MAX_VALUE, HAS_NAN, STOCHASTIC, E, NATIVE_MAX)
+            elems = _round_values(v, noise, M, BIAS, EMIN, EMAX, MAX_CODE, MAX_VALUE, HAS_NAN, STOCHASTIC, E, NATIVE_MAX)
         values = elems * scale[:, :, None]
         if NATIVE_BF16:  # the GPU's conversion (two elements an instruction on NVIDIA from sm_80),
             # rounding half to even as `_to_bf16` does, but a NaN to the canonical 0x7FFF where
