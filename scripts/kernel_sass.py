@@ -12,7 +12,9 @@ count of the whole kernel and per element (one tile of the library's choice,
 `rowblock.default_tile`, for a row read and for a column read laid out as a row read,
 `rowblock.column_read_as_rows`, its rows loaded two at a time where the library does so,
 `rowblock.column_read_in_pairs`; the rows of a row-major copy where the library transposes a
-column read first, `rowblock.column_read_transposed_first`), the registers a thread, the
+column read first, `rowblock.column_read_transposed_first`; a bf16 row read worked two elements
+a word where the library does so for that architecture, `rowblock.row_read_in_lanes`), the
+registers a thread, the
 shared memory, and the instructions that move the tile between layouts (STS/LDS through shared
 memory, BAR barriers, SHFL lane shuffles).
 
@@ -22,7 +24,8 @@ FP8 elements are rounded by the GPU's conversion where the target has one (from
 With --codes it compiles the codes instead (`kernels.quantize`'s one-read path), for bf16 and
 fp32 inputs, with the layout, tile and warps `rowblock.quantize_rowblocks` picks
 (`rowblock.tile_of`): 1 × bc column reads laid out as rows (bf16 ones two rows a load, but
-FP6), square blocks read down columns from the transpose (`rowblock.square_column_read_transposed`).
+FP6), square blocks read down columns from the transpose (`rowblock.square_column_read_transposed`),
+FP4 codes along bf16 rows two elements a word (`rowblock.row_read_in_lanes`).
 
 These are static counts, not a timing: a count that grows, or barriers and shared memory that
 appear, show where a variant does more work per element; only the GPU says how much that costs.
@@ -93,6 +96,9 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
         FP64_QUOTIENT=False, CODES_3D=False, TRANSPOSED=False,  # (fp32-scale codes only)
         NATIVE_BF16=True,  # the GPU's bf16 conversion, as the library launches it on a GPU
         PAIRS=as_rows and rowblock.column_read_in_pairs(torch.empty(128, 16, dtype=torch.bfloat16).t(), s, tile_r),
+        LANES=along == "rows" and rowblock.row_read_in_lanes(torch.empty(16, 128, dtype=torch.bfloat16), s, True,
+                                                             Hadamard(bc) if hadamard else None, stochastic,
+                                                             divmod(arch, 10)),
         **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     constants["sxc" if along == "rows" else "sxr"] = 1  # as Triton specializes a stride of 1
     return _compile(constants, POINTERS, arch, warps)
@@ -126,6 +132,13 @@ def codes_layout(scheme_name: str, x_dtype: torch.dtype, along: str) -> dict:
                 warps=warps or rowblock.warps_for(rows, cols), fp64=fp64, pairs=pairs)
 
 
+def codes_in_lanes(scheme_name: str, x_dtype: torch.dtype, stochastic: bool, along: str, arch: int) -> bool:
+    """Whether `quantize_rowblocks` works these codes two elements a word (`rowblock.row_read_in_lanes`)."""
+    view = torch.empty(256, 256, dtype=x_dtype)
+    return along == "rows" and rowblock.row_read_in_lanes(view, get_scheme(scheme_name), False, None, stochastic,
+                                                          divmod(arch, 10))
+
+
 def compile_codes_variant(scheme_name: str, x_dtype: torch.dtype, stochastic: bool, along: str, arch: int):
     """The compiled kernel of one codes variant, as `quantize_rowblocks` launches it."""
     s = get_scheme(scheme_name)
@@ -139,7 +152,7 @@ def compile_codes_variant(scheme_name: str, x_dtype: torch.dtype, stochastic: bo
         PACK=2 if elem.bits == 4 else 3 if words else 1, SCALE_CODES=s.scale_fmt.bits <= 8, AMAX_MODE=0,
         X_BF16=x_dtype == torch.bfloat16, BR=br, VALUES=False, MAX_VALUE=float(elem.max), H_STAGES=0,
         H_SPLIT=False, FP64_QUOTIENT=lay["fp64"], CODES_3D=rule == "amax", TRANSPOSED=lay["transposed"],
-        PAIRS=lay["pairs"],
+        PAIRS=lay["pairs"], LANES=codes_in_lanes(scheme_name, x_dtype, stochastic, along, arch),
         **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     # the unit stride Triton specializes: a column read's rows, unless the kernel reads the transpose
     constants["sxc" if along == "rows" or lay["transposed"] else "sxr"] = 1

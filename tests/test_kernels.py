@@ -613,6 +613,55 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
     assert same_values(values, ref)
 
 
+@pytest.mark.parametrize("name, rule", [("mxfp4", "floor"), ("mxfp4", "rceil"), ("mxfp6_e2m3", "floor"),
+                                        ("mxfp6_e3m2", "rceil"), ("mxfp8_e4m3", "rceil"), ("mxfp8_e5m2", "even")])
+def test_a_bf16_row_read_worked_two_elements_a_word_gives_the_reference_bits(name, rule):
+    """`rowblock.lanes_possible`: on a GPU of compute capability 9.0 on, a bf16 row read of MX
+    blocks is worked two elements a 32-bit word by bf16x2 instructions (`cast._nearest_lanes`);
+    its values (and FP4 and FP6 codes) and scales are the reference's with it and without it — NaN,
+    ±inf, zeros, −0, blocks of bf16 subnormals (scaled up by 2^127), bf16's largest values,
+    blocks cut short by the matrix's end — and it is refused where it cannot run: odd columns,
+    a misaligned start, stochastic rounding, a transform, fp32, a column read, FP8's codes, a CPU."""
+    from fewerbits.kernels import rowblock
+
+    scheme = fb.get_scheme(name, rule)
+    x = torch.from_numpy(hard_matrix(70, 200, seed=5, specials=True)).bfloat16()
+    subnormals = torch.arange(1, 65, dtype=torch.int16).view(torch.bfloat16)  # bf16's bit patterns 1 … 64
+    x[6, :64] = subnormals * torch.tensor([1.0, -1.0]).repeat(32).bfloat16()  # of both signs
+    x[7, :32] = torch.tensor([3.3e38, -3.0e38, 1.0, -0.0] * 8).bfloat16()  # bf16's largest binade
+    x[8, 32:64] = -0.0
+    x[8, 64:96] = torch.linspace(-1e-6, 1e-6, 32).bfloat16()  # tiny beside a block of larger ones
+    x[8, 80] = 7.0
+    x = x.to(DEVICE)
+    possible = rowblock.lanes_possible(x, scheme, True)
+    assert possible == (DEVICE == "cuda" and torch.cuda.get_device_capability() >= rowblock.LANES_CAPABILITY)
+    codes_too = scheme.elem.bits in (4, 6)  # (FP8's codes: the GPU's conversion)
+    for view in (x, x[:, :192]):  # FP6 codes a byte each, packed after; packed by the kernel (16 | C)
+        q = fb.quantize(view, scheme)
+        ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
+        for lanes in (False, True) if possible else (False,):
+            values, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, values=True, lanes=lanes)
+            assert same_values(values, ref), lanes
+            assert torch.equal(scales, q.scale.view(torch.uint8))
+            if codes_too:
+                codes, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, lanes=lanes)
+                assert torch.equal(codes, q.data), lanes
+                assert torch.equal(scales, q.scale.view(torch.uint8))
+    assert rowblock.row_read_in_lanes(x, scheme, True) == possible  # the default, where possible
+    assert rowblock.lanes_possible(x, scheme, False) == (possible and codes_too)
+    for view in (x[:, :199], x[:, 1:199]):  # odd columns; an even number from a misaligned start
+        assert not rowblock.lanes_possible(view, scheme, True)
+        values, _, _ = rowblock.quantize_rowblocks(view, scheme, None, values=True)  # the other path
+        assert same_values(values, fb.quantize(view, scheme).dequantize_matrix(torch.bfloat16, tensor_scale=False))
+    assert not rowblock.lanes_possible(x, scheme, True, stochastic=True)
+    assert not rowblock.lanes_possible(x, scheme, True, fb.Hadamard(32))
+    assert not rowblock.lanes_possible(x.float(), scheme, True)
+    assert not rowblock.lanes_possible(x.t(), scheme, True)
+    assert not rowblock.lanes_possible(x, fb.get_scheme("mxfp8_e4m3"), False)
+    with pytest.raises(ValueError, match="lanes"):
+        rowblock.quantize_rowblocks(x[:, 1:199], scheme, None, values=True, lanes=True)
+
+
 def test_two_amaxes_of_a_matrix_in_one_read():
     """`two_amaxes`: max |x| and max |Hadamard.transform(xᵀ)| of a matrix in one read — the
     reference's reductions bit for bit (NaN for NaN): bf16 and fp32, rows that do not fill a

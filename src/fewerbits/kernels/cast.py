@@ -217,6 +217,44 @@ def _native_fp8_values(v, E: tl.constexpr):
 
 
 @triton.jit
+def _bf16x2(a, b, OP: tl.constexpr):
+    """One PTX instruction OP on int32 words a and b read as two 16-bit lanes each (bf16x2 or
+    u16x2; sm_90), word by word."""
+    return tl.inline_asm_elementwise(OP + " $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _nearest_lanes(w, f2, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
+                   MAX_CODE: tl.constexpr, CODES: tl.constexpr):
+    """The elements of bf16 words w (two elements a word, the first in the low half) times
+    their block's factor 2^−k (f2: the word of two bf16 2^−k), rounded to nearest (half to even)
+    and saturated on the grid of a floating-point format with subnormals, two at a time by the
+    GPU's bf16x2 instructions (sm_90): where CODES, the codes as two 16-bit lanes (each the
+    code with its sign bit); else the rounded values, still under the factor, as two bf16.
+
+    `_nearest_magnitude`'s one addition in bf16 lanes: x · 2^−k is exact (a bf16 times a power
+    of two, unless below bf16's normal range, where the element rounds to a zero of its sign in
+    every format here), a = min(|x · 2^−k|, max) (a NaN lane gives max), c = 2^(e − M + 7) with
+    e the binade of a clamped below at EMIN, so that c's ulp is the quantum 2^(e − M) and a + c,
+    rounded to nearest even by the bf16 addition, stays in c's binade: s − c is a rounded to a
+    multiple of the quantum, exactly, and s's bits less c's its count of quanta. No lane
+    borrows from or carries into the other: s ≥ c, c's low seven bits are 0 and every code is
+    below 2^8. Non-finite elements occur only in blocks whose scale is NaN, which the caller
+    replaces."""
+    MAX16: tl.constexpr = (((MAX_CODE >> M) - BIAS + 127) << 7) | ((MAX_CODE & ((1 << M) - 1)) << (7 - M))
+    LANE: tl.constexpr = 65537  # a 16-bit constant times this is the constant in both lanes
+    a = _bf16x2(w, f2, "mul.rn.bf16x2") & 0x7FFF7FFF
+    a = _bf16x2(a, tl.full(a.shape, MAX16 * LANE, tl.int32), "min.bf16x2")
+    c = _bf16x2(a & 0x7F807F80, tl.full(a.shape, ((EMIN + 127) << 7) * LANE, tl.int32), "max.u16x2")
+    c = c + ((7 - M) << 7) * LANE
+    s = _bf16x2(a, c, "add.rn.bf16x2")
+    if CODES:  # k quanta of binade e: code (e + BIAS − 1) · 2^M + k, as `_nearest_magnitude`
+        code = s - c + (c >> (7 - M)) - ((EMIN + 127 + 7 - M) << M) * LANE
+        return code | ((w >> (15 - E - M)) & ((1 << (E + M)) * LANE))  # each lane's sign bit
+    return _bf16x2(s, c, "sub.rn.bf16x2") | (w & -2147450880)  # the sign bits, 0x80008000
+
+
+@triton.jit
 def _round_values(v, noise, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                   MAX_CODE: tl.constexpr, MAX_VALUE: tl.constexpr, HAS_NAN: tl.constexpr, STOCHASTIC: tl.constexpr,
                   E: tl.constexpr = 0, NATIVE_MAX: tl.constexpr = 0.0):
@@ -301,6 +339,13 @@ def _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor,
     (docs/kernels-notes.md, v50)."""
     code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
                         NATIVE_MAX)
+    _store_codes(code, out_ptr, rows, cols, inside, R, CP, sor, TILE_R, TILE_C, PACK)
+
+
+@triton.jit
+def _store_codes(code, out_ptr, rows, cols, inside, R, CP, sor, TILE_R: tl.constexpr, TILE_C: tl.constexpr,
+                 PACK: tl.constexpr):
+    """Store a (TILE_R, TILE_C) tile of codes (int32) at (rows, cols), as `_encode_store` packs them."""
     if PACK == 2:  # two codes a byte, the first in the low nibble; padding columns are code 0
         lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
         pairs = tl.program_id(1) * (TILE_C // 2) + tl.arange(0, TILE_C // 2)

@@ -41,8 +41,8 @@ from ..codes import code_table, pack as pack_codes
 from ..quantize import check_amax
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
-from .cast import (_encode_store, _nearest_magnitude, _round_codes, _round_values, _seed_noise, _to_bf16, cdiv,
-                   format_constants)
+from .cast import (_bf16x2, _capability, _encode_store, _nearest_lanes, _nearest_magnitude, _round_codes,
+                   _round_values, _seed_noise, _store_codes, _to_bf16, cdiv, format_constants)
 
 RULES = {"amax": 0, "floor": 1, "ceil": 2, "even": 3, "rceil": 4, "two_level": 5}
 
@@ -216,7 +216,8 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                      MAX_VALUE: tl.constexpr, H_STAGES: tl.constexpr, AS_ROWS: tl.constexpr,
                      NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False, FP64_QUOTIENT: tl.constexpr = False,
                      CODES_3D: tl.constexpr = False, TRANSPOSED: tl.constexpr = False,
-                     NATIVE_BF16: tl.constexpr = False, PAIRS: tl.constexpr = False):
+                     NATIVE_BF16: tl.constexpr = False, PAIRS: tl.constexpr = False,
+                     LANES: tl.constexpr = False):
     # TRANSPOSED: x is the transpose T of the matrix quantized, whose square blocks are T's
     # blocks transposed (`square_column_read_transposed`); codes, scales and noise are placed
     # by that matrix's coordinates, (column, row) of T
@@ -254,16 +255,28 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
             x = tl.join(w.to(tl.int32).to(tl.float32, bitcast=True),
                         (w >> 32).to(tl.int32).to(tl.float32, bitcast=True))
         x = tl.reshape(tl.permute(x, (3, 0, 1, 2)), (TILE_R, NB, BC))
+    elif LANES:  # a bf16 row read as words of two neighbouring elements (`lanes_possible`): word
+        # j of a block holds its columns 2j (low half) and 2j + 1, worked two at a time below
+        tl.static_assert(X_BF16 and not AS_ROWS and BR == 1 and AMAX_MODE == 0 and H_STAGES == 0
+                         and not STOCHASTIC and RULE >= 1 and RULE <= 4)
+        wcols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * (BC // 2))[None, :, None] + \
+            tl.arange(0, BC // 2)[None, None, :]
+        winside3 = (rows3 < R) & (wcols3 < C // 2)
+        w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + rows3 * (sxr // 2) + wcols3, mask=winside3, other=0)
     else:
         offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
         x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
-    xbits = x.to(tl.int32, bitcast=True)
+    if not LANES:
+        xbits = x.to(tl.int32, bitcast=True)
     if H_STAGES > 0:  # the blocks transformed first (C a multiple of BC: no padding in a block)
         x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, H_STAGES, H_SPLIT)
         xbits = x.to(tl.int32, bitcast=True)
 
     # ---- amax of each block: (TILE_R, NB) -------------------------------------------------
-    if AMAX_MODE == 0:  # BR × BC blocks: reduced here, as the largest |x| bit pattern — for
+    if LANES:  # the larger |x| bit pattern of each word's two, widened to fp32's (NaN above inf)
+        mag = w & 0x7FFF7FFF
+        amax = (tl.max(tl.maximum(mag & 0xFFFF, mag >> 16), axis=2) << 16).to(tl.float32, bitcast=True)
+    elif AMAX_MODE == 0:  # BR × BC blocks: reduced here, as the largest |x| bit pattern — for
         # non-negative floats the integer order is the float order, and every NaN pattern is
         # above inf's, so a NaN anywhere makes the block's amax a NaN, in one reduction
         amax_bits = tl.max(xbits & 0x7FFFFFFF, axis=2)
@@ -297,84 +310,104 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         tl.store(scale_ptr + scale_offsets, scale, mask=scale_mask)
 
     # ---- elements --------------------------------------------------------------------------
-    f = factor[:, :, None]
-    if RULE == 0 and TILE_R * NB == 1:  # an fp32 scale, one block a program (the one-read rows):
-        # its one scale's `_divisor`, then the correctly rounded quotients by `_quotient`
-        p, m, y = _divisor(factor)
-        v = _quotient(x, p[:, :, None], m[:, :, None], y[:, :, None])
-    elif RULE == 0 and BR == TILE_R and NB == 1:  # one square block a program (128x128): its scale,
-        # equal in every row of `factor`, taken as one number first (a NaN scale's quotients
-        # are replaced below), so that `_divisor` runs once and not in each thread per row
-        p, m, y = _divisor(tl.max(tl.max(factor, axis=1), axis=0))
-        v = _quotient(x, p, m, y)
-    elif RULE == 0 and FP64_QUOTIENT:  # the quotient as x times the block's fp64 reciprocal,
-        # rounded once to fp32: div_rn's bits for quotients in fp32's normal range, and below it
-        # the same codes (`scaling.exact_reciprocal` proves both), in a widening, a product and
-        # a narrowing an element where div_rn takes a reciprocal and its corrections
-        r = 1.0 / factor.to(tl.float64)
-        v = (x.to(tl.float64) * r[:, :, None]).to(tl.float32)
-    elif RULE == 0:  # the correctly rounded quotient. (`_quotient` made the tiles of several
-        # blocks 6–7% slower on the H200, docs/kernels-notes.md v30)
-        v = tl.div_rn(x, f)
-    else:  # the product: by NVFP4's enc, or by 2^−k, a power of two's exact reciprocal. (v is
-        # added to only through its absolute value, when the values kernel rounds it to
-        # nearest, so no fma can take in the product. 2^−k made
-        # from −k by integer arithmetic instead of this division gave wrong E8M0 codes on the
-        # H200 for the first block of a tile: docs/kernels-notes.md, v22)
-        v = x * f
-    if not VALUES:  # a block whose scale is NaN (its amax not finite) takes code 0 for every
-        # element; its values need no such step: whatever its elements round to, they are
-        # multiplied by that NaN scale below (docs/kernels-notes.md, v61)
-        v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
-    if VALUES:  # the dequantized values instead of the codes: code value × block scale, to bf16
-        noise = 0
-        if STOCHASTIC:
-            noise = _seed_noise(seed_ptr, rows3, cols3, C)
-        if IS_INT:  # the codes, then their values from the table
-            code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT,
-                                STOCHASTIC)
-            elems = tl.load(elem_table + code)
+    if LANES:  # two elements a word (`_nearest_lanes`), by the block's 2^−k and 2^k as bf16 —
+        # exact, 2^−127 a bf16 subnormal — in both halves of a word; a block whose scale is NaN
+        # takes code 0 (values: NaN) in every element, as below
+        f16 = (factor.to(tl.int32, bitcast=True) >> 16) & 0xFFFF
+        f2 = (f16 | (f16 << 16))[:, :, None]
+        finite = (scale == scale)[:, :, None]
+        if VALUES:
+            s16 = (scale.to(tl.int32, bitcast=True) >> 16) & 0xFFFF
+            elems = _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, False)
+            out = tl.where(finite, _bf16x2(elems, (s16 | (s16 << 16))[:, :, None], "mul.rn.bf16x2"), 0x7FC07FC0)
+            tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + rows3 * (sor // 2) + wcols3, out, mask=winside3)
         else:
-            elems = _round_values(v, noise, M, BIAS, EMIN, EMAX, MAX_CODE, MAX_VALUE, HAS_NAN, STOCHASTIC, E, NATIVE_MAX)
-        values = elems * scale[:, :, None]
-        if NATIVE_BF16:  # the GPU's conversion (two elements an instruction on NVIDIA from sm_80),
-            # rounding half to even as `_to_bf16` does, but a NaN to the canonical 0x7FFF where
-            # torch and `_to_bf16` give 0x7FC0. Values are NaN exactly in the blocks whose scale
-            # is (elements are finite where the scale is, and so are the scales' values), so
-            # those blocks take 0x7FC0 by a select on the converted tile (docs/kernels-notes.md,
-            # v60: three to four SASS instructions an element fewer than `_to_bf16`)
-            nan16 = tl.full((1, 1, 1), 0x7FC0, tl.uint16).to(tl.bfloat16, bitcast=True)
-            out = tl.where((scale == scale)[:, :, None], values.to(tl.bfloat16), nan16)
-        else:
-            out = _to_bf16(values)
-        tl.store(out_ptr + rows3 * sor + cols3, out, mask=inside3)
-    elif PACK == 1 and CODES_3D:  # a byte a code, stored from the (TILE_R, NB, BC) tile itself:
-        # the loads and the store then share one layout (along rows, 16 neighbouring elements a
-        # thread, the store's 16 bytes), so the tile does not go through shared memory to be
-        # stored, and a thread's work per block (the amax's shuffles, the scale, its reciprocal)
-        # serves 16 of its elements where a bf16 row read gave it 8 (docs/kernels-notes.md, v56)
-        noise = 0
-        if STOCHASTIC:
-            if TRANSPOSED:  # element (c, r) of an R-column matrix
-                noise = _seed_noise(seed_ptr, cols3, rows3, R)
-            else:
-                noise = _seed_noise(seed_ptr, rows3, cols3, C)
-        code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
-                            NATIVE_MAX)
-        if TRANSPOSED:  # stored down the tile's columns, which are the codes' rows
-            tl.store(out_ptr + cols3 * sor + rows3, code.to(tl.uint8), mask=inside3)
-        else:
-            tl.store(out_ptr + rows3 * sor + cols3, code.to(tl.uint8), mask=inside3)
+            # the codes back in the tile's order, then stored as `_encode_store` stores them
+            code = tl.where(finite, _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, True), 0)
+            code = tl.reshape(tl.join(code & 0xFFFF, code >> 16), (TILE_R, TILE_C))
+            cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
+            _store_codes(code, out_ptr, rows, cols, (rows < R)[:, None] & (cols < C)[None, :], R, CP, sor,
+                         TILE_R, TILE_C, PACK)
     else:
-        v = tl.reshape(v, (TILE_R, TILE_C))
-        cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
-        inside = (rows < R)[:, None] & (cols < C)[None, :]
-        noise = 0
-        if STOCHASTIC:
-            noise = _seed_noise(seed_ptr, rows[:, None], cols[None, :], C)
-        _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor, TILE_R, TILE_C,
-                      STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT,
-                      NATIVE_MAX)
+        f = factor[:, :, None]
+        if RULE == 0 and TILE_R * NB == 1:  # an fp32 scale, one block a program (the one-read rows):
+            # its one scale's `_divisor`, then the correctly rounded quotients by `_quotient`
+            p, m, y = _divisor(factor)
+            v = _quotient(x, p[:, :, None], m[:, :, None], y[:, :, None])
+        elif RULE == 0 and BR == TILE_R and NB == 1:  # one square block a program (128x128): its scale,
+            # equal in every row of `factor`, taken as one number first (a NaN scale's quotients
+            # are replaced below), so that `_divisor` runs once and not in each thread per row
+            p, m, y = _divisor(tl.max(tl.max(factor, axis=1), axis=0))
+            v = _quotient(x, p, m, y)
+        elif RULE == 0 and FP64_QUOTIENT:  # the quotient as x times the block's fp64 reciprocal,
+            # rounded once to fp32: div_rn's bits for quotients in fp32's normal range, and below it
+            # the same codes (`scaling.exact_reciprocal` proves both), in a widening, a product and
+            # a narrowing an element where div_rn takes a reciprocal and its corrections
+            r = 1.0 / factor.to(tl.float64)
+            v = (x.to(tl.float64) * r[:, :, None]).to(tl.float32)
+        elif RULE == 0:  # the correctly rounded quotient. (`_quotient` made the tiles of several
+            # blocks 6–7% slower on the H200, docs/kernels-notes.md v30)
+            v = tl.div_rn(x, f)
+        else:  # the product: by NVFP4's enc, or by 2^−k, a power of two's exact reciprocal. (v is
+            # added to only through its absolute value, when the values kernel rounds it to
+            # nearest, so no fma can take in the product. 2^−k made
+            # from −k by integer arithmetic instead of this division gave wrong E8M0 codes on the
+            # H200 for the first block of a tile: docs/kernels-notes.md, v22)
+            v = x * f
+        if not VALUES:  # a block whose scale is NaN (its amax not finite) takes code 0 for every
+            # element; its values need no such step: whatever its elements round to, they are
+            # multiplied by that NaN scale below (docs/kernels-notes.md, v61)
+            v = tl.where(tl.abs(f) < float("inf"), v, 0.0)
+        if VALUES:  # the dequantized values instead of the codes: code value × block scale, to bf16
+            noise = 0
+            if STOCHASTIC:
+                noise = _seed_noise(seed_ptr, rows3, cols3, C)
+            if IS_INT:  # the codes, then their values from the table
+                code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT,
+                                    STOCHASTIC)
+                elems = tl.load(elem_table + code)
+            else:
+                elems = _round_values(v, noise, M, BIAS, EMIN, EMAX, MAX_CODE, MAX_VALUE, HAS_NAN, STOCHASTIC, E,
+                                      NATIVE_MAX)
+            values = elems * scale[:, :, None]
+            if NATIVE_BF16:  # the GPU's conversion (two elements an instruction on NVIDIA from sm_80),
+                # rounding half to even as `_to_bf16` does, but a NaN to the canonical 0x7FFF where
+                # torch and `_to_bf16` give 0x7FC0. Values are NaN exactly in the blocks whose scale
+                # is (elements are finite where the scale is, and so are the scales' values), so
+                # those blocks take 0x7FC0 by a select on the converted tile (docs/kernels-notes.md,
+                # v60: three to four SASS instructions an element fewer than `_to_bf16`)
+                nan16 = tl.full((1, 1, 1), 0x7FC0, tl.uint16).to(tl.bfloat16, bitcast=True)
+                out = tl.where((scale == scale)[:, :, None], values.to(tl.bfloat16), nan16)
+            else:
+                out = _to_bf16(values)
+            tl.store(out_ptr + rows3 * sor + cols3, out, mask=inside3)
+        elif PACK == 1 and CODES_3D:  # a byte a code, stored from the (TILE_R, NB, BC) tile itself:
+            # the loads and the store then share one layout (along rows, 16 neighbouring elements a
+            # thread, the store's 16 bytes), so the tile does not go through shared memory to be
+            # stored, and a thread's work per block (the amax's shuffles, the scale, its reciprocal)
+            # serves 16 of its elements where a bf16 row read gave it 8 (docs/kernels-notes.md, v56)
+            noise = 0
+            if STOCHASTIC:
+                if TRANSPOSED:  # element (c, r) of an R-column matrix
+                    noise = _seed_noise(seed_ptr, cols3, rows3, R)
+                else:
+                    noise = _seed_noise(seed_ptr, rows3, cols3, C)
+            code = _round_codes(v, noise, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT, STOCHASTIC,
+                                NATIVE_MAX)
+            if TRANSPOSED:  # stored down the tile's columns, which are the codes' rows
+                tl.store(out_ptr + cols3 * sor + rows3, code.to(tl.uint8), mask=inside3)
+            else:
+                tl.store(out_ptr + rows3 * sor + cols3, code.to(tl.uint8), mask=inside3)
+        else:
+            v = tl.reshape(v, (TILE_R, TILE_C))
+            cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
+            inside = (rows < R)[:, None] & (cols < C)[None, :]
+            noise = 0
+            if STOCHASTIC:
+                noise = _seed_noise(seed_ptr, rows[:, None], cols[None, :], C)
+            _encode_store(v, noise, out_ptr, rows, cols, inside, R, C, CP, sor, TILE_R, TILE_C,
+                          STOCHASTIC, PACK, E, M, BIAS, EMIN, EMAX, MAX_CODE, BITS, HAS_NAN, NAN_CODE, IS_INT,
+                          NATIVE_MAX)
 
 
 @triton.jit(do_not_specialize=["row_stride"])
@@ -593,6 +626,31 @@ def column_read_in_pairs(X: torch.Tensor, scheme: Scheme, tile_r: int) -> bool:
     return X.dtype == torch.bfloat16 and scheme.elem.bits != 6 and pairs_possible(X, tile_r)
 
 
+LANES_CAPABILITY = (9, 0)  # PTX's bf16x2 multiply, add and subtract and u16x2 maximum: sm_90 on
+
+
+def lanes_possible(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False,
+                   capability: tuple[int, int] | None = None) -> bool:
+    """Whether the kernel can work a row read of X two elements a 32-bit word (LANES,
+    `cast._nearest_lanes`): bf16 on an NVIDIA GPU of compute capability 9.0 on (X's, or
+    `capability` where given), read along rows (a unit column stride, an even row stride, a
+    start aligned to four bytes, an even number of columns), in 1 × bc blocks with power-of-two
+    scales (E8M0) of floating-point elements with subnormals, rounded to nearest without a
+    transform; their values, or FP4 and FP6 codes."""
+    elem, capability = scheme.elem, capability or _capability(X.device)
+    return (capability is not None and tuple(capability) >= LANES_CAPABILITY and X.dtype == torch.bfloat16
+            and X.dim() == 2 and X.stride(1) == 1 and X.stride(0) % 2 == 0 and X.shape[1] % 2 == 0
+            and X.data_ptr() % 4 == 0 and scheme.block[0] == 1 and scheme.block[1] % 2 == 0
+            and rule_of(scheme) in ("floor", "ceil", "even", "rceil") and not elem.is_integer
+            and elem.emin == 1 - elem.bias and hadamard is None and not stochastic and (values or elem.bits in (4, 6)))
+
+
+def row_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False,
+                      capability: tuple[int, int] | None = None) -> bool:
+    """Whether a row read of X is worked two elements a word (`lanes_possible`)."""
+    return lanes_possible(X, scheme, values, hadamard, stochastic, capability)
+
+
 def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None) -> bool:
     """Whether the kernel reads a row-major copy of a column read of X instead of X itself: the
     values of 1 × bc blocks under a Hadamard transform of 32 points (mxfp4's weight-gradient
@@ -661,7 +719,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                        tile_r: int | None = None, tile_c: int | None = None, values: bool = False, hadamard=None,
                        num_warps: int | None = None, as_rows: bool | None = None,
                        transpose_first: bool | None = None, tensor_amax: torch.Tensor | None = None,
-                       fp64: bool | None = None, transposed: bool | None = None, pairs: bool | None = None):
+                       fp64: bool | None = None, transposed: bool | None = None, pairs: bool | None = None,
+                       lanes: bool | None = None):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Codes and scales are stored as QuantizedTensor stores them: codes packed (fp4 two a byte,
@@ -683,6 +742,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     `square_column_read_transposed`; the same bits again).
     pairs: load a column read laid out as rows two rows at a time (default: `column_read_in_pairs`;
     the same bits again).
+    lanes: work a row read two elements a word (default: `row_read_in_lanes`; the same bits again).
     tensor_amax: NVFP4's tensor amax (fp32, 0-d) where the caller has it already — that of X,
     or of its transform under `hadamard` (`two_amaxes`) — instead of a pass over X for it.
     """
@@ -745,16 +805,22 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         raise ValueError("pairs: a bf16 or fp32 column read laid out as rows, with an even number of rows, an "
                          "even column stride and a start aligned to two elements, in tiles of an even number "
                          "of rows")
+    if lanes is None:
+        lanes = row_read_in_lanes(X, scheme, values, hadamard, seed is not None)
+    elif lanes and not lanes_possible(X, scheme, values, hadamard, seed is not None):
+        raise ValueError("lanes: a bf16 row read on an NVIDIA GPU of compute capability 9.0 or later, with an even "
+                         "number of columns, an even row stride and a start aligned to four bytes, of MX "
+                         "floating-point values or FP4 codes rounded to nearest, without a transform")
     _launch(X, seed, codes.view(torch.int32) if words else codes, scales, scheme, rule_of(scheme), tensor_amax,
             scales, bc, 0, scale_codes, tile_r, tile_c, br, values, hadamard, s_dec, num_warps, as_rows, fp64,
-            transposed, pairs)
+            transposed, pairs, lanes)
     return finish(codes, elem), scales, s_dec
 
 
 def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax, bc: int, amax_mode: int,
             scale_codes: bool, tile_r: int, tile_c: int, br: int = 1, values: bool = False, hadamard=None,
             s_dec=None, num_warps: int | None = None, as_rows: bool = False, fp64: bool | None = None,
-            transposed: bool = False, pairs: bool = False) -> None:
+            transposed: bool = False, pairs: bool = False, lanes: bool = False) -> None:
     """One launch of the kernel over X (R, C); `tensor_amax` (and `s_dec`, written) only by the
     two-level rule, `amax` only by the amax modes; fp64: the quotient by the fp64 reciprocal
     (default: `fp64_quotient`); transposed: X's square blocks read from X.t()
@@ -784,6 +850,7 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         # codes packed four at a time, which the 2D store made slower there); MX blocks were 0–2%
         # slower with it, so they keep the 2D store (docs/kernels-notes.md, v56 and v57)
         CODES_3D=rule == "amax", TRANSPOSED=transposed, NATIVE_BF16=values and not _interpreted(X), PAIRS=pairs,
+        LANES=lanes,
         **constants,
     )
 
