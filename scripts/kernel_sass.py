@@ -117,26 +117,22 @@ def _compile(constants: dict, pointers: dict, arch: int, warps: int):
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
 
 
-def codes_layout(scheme_name: str, x_dtype: torch.dtype, along: str) -> dict:
+def codes_layout(scheme_name: str, x_dtype: torch.dtype, along: str, stochastic: bool = False,
+                 arch: int = 90) -> dict:
     """The layout choices `quantize_rowblocks` makes for the codes of a large matrix of this
-    dtype read along rows or columns: as_rows, transposed, tile rows, columns, warps."""
+    dtype read along rows or columns, compiled for sm_`arch`: as_rows, transposed, tile rows,
+    columns, warps, fp64, pairs, lanes."""
     s = get_scheme(scheme_name)
     view = torch.empty(256, 256, dtype=x_dtype)
     view = view if along == "rows" else view.t()
     as_rows = rowblock.column_read_as_rows(view, s)
     transposed = rowblock.square_column_read_transposed(view, s)
-    rows, cols, warps = rowblock.tile_of(view, s, False, as_rows, transposed)
+    lanes = rowblock.row_read_in_lanes(view, s, False, None, stochastic, divmod(arch, 10))
+    rows, cols, warps = rowblock.tile_of(view, s, False, as_rows, transposed, lanes)
     fp64 = rowblock.rule_of(s) == "amax" and rowblock.fp64_quotient(view, as_rows)
     pairs = as_rows and rowblock.column_read_in_pairs(view, s, rows)
     return dict(as_rows=as_rows, transposed=transposed, rows=rows, cols=cols,
-                warps=warps or rowblock.warps_for(rows, cols), fp64=fp64, pairs=pairs)
-
-
-def codes_in_lanes(scheme_name: str, x_dtype: torch.dtype, stochastic: bool, along: str, arch: int) -> bool:
-    """Whether `quantize_rowblocks` works these codes two elements a word (`rowblock.row_read_in_lanes`)."""
-    view = torch.empty(256, 256, dtype=x_dtype)
-    return along == "rows" and rowblock.row_read_in_lanes(view, get_scheme(scheme_name), False, None, stochastic,
-                                                          divmod(arch, 10))
+                warps=warps or rowblock.warps_for(rows, cols), fp64=fp64, pairs=pairs, lanes=lanes)
 
 
 def compile_codes_variant(scheme_name: str, x_dtype: torch.dtype, stochastic: bool, along: str, arch: int):
@@ -144,7 +140,7 @@ def compile_codes_variant(scheme_name: str, x_dtype: torch.dtype, stochastic: bo
     s = get_scheme(scheme_name)
     elem, (br, bc) = s.elem, s.block
     rule = rowblock.rule_of(s)
-    lay = codes_layout(scheme_name, x_dtype, along)
+    lay = codes_layout(scheme_name, x_dtype, along, stochastic, arch)
     words = elem.bits == 6 and lay["cols"] % 32 == 0  # fp6 packed as words by the kernel (C a multiple of 16)
     constants = dict(
         BC=bc, TILE_R=lay["rows"], TILE_C=lay["cols"], AS_ROWS=lay["as_rows"], RULE=rowblock.RULES[rule],
@@ -152,7 +148,7 @@ def compile_codes_variant(scheme_name: str, x_dtype: torch.dtype, stochastic: bo
         PACK=2 if elem.bits == 4 else 3 if words else 1, SCALE_CODES=s.scale_fmt.bits <= 8, AMAX_MODE=0,
         X_BF16=x_dtype == torch.bfloat16, BR=br, VALUES=False, MAX_VALUE=float(elem.max), H_STAGES=0,
         H_SPLIT=False, FP64_QUOTIENT=lay["fp64"], CODES_3D=rule == "amax", TRANSPOSED=lay["transposed"],
-        PAIRS=lay["pairs"], LANES=codes_in_lanes(scheme_name, x_dtype, stochastic, along, arch),
+        PAIRS=lay["pairs"], LANES=lay["lanes"],
         **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     # the unit stride Triton specializes: a column read's rows, unless the kernel reads the transpose
     constants["sxc" if along == "rows" or lay["transposed"] else "sxr"] = 1
@@ -171,10 +167,11 @@ def codes_table(schemes: list[str], arch: int) -> None:
         for x_dtype in (torch.bfloat16, torch.float32):
             for along in ("rows", "cols"):
                 for stochastic in (False, True):
-                    lay = codes_layout(name, x_dtype, along)
+                    lay = codes_layout(name, x_dtype, along, stochastic, arch)
                     n, ops, regs, shared = sass_stats(compile_codes_variant(name, x_dtype, stochastic, along, arch))
                     per_thread = lay["rows"] * lay["cols"] // (32 * lay["warps"])
                     how = " as rows" if lay["as_rows"] else ", the transpose's rows" if lay["transposed"] else ""
+                    how += ", two elements a word" if lay["lanes"] else ""
                     print(f"| {name} | {str(x_dtype)[6:]} | {'SR' if stochastic else 'nearest'} | {along} | "
                           f"{lay['rows']} × {lay['cols']}{how}, {lay['warps']} warps | {n} | {n / per_thread:.1f} | "
                           f"{regs} | {shared} | " + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)

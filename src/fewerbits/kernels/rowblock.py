@@ -696,18 +696,28 @@ FP32_SCALE_ROW_TILE = (16, 128, 4)
 
 
 def tile_of(X: torch.Tensor, scheme: Scheme, values: bool = False, as_rows: bool = False,
-            transposed: bool = False) -> tuple[int, int, int | None]:
+            transposed: bool = False, lanes: bool = False) -> tuple[int, int, int | None]:
     """(rows, columns, warps) of the tile `quantize_rowblocks` quantizes X in by default, given its
-    layout choices (`column_read_as_rows`, `square_column_read_transposed`): `default_tile`;
-    `FP32_SCALE_ROW_TILE` for the codes of 1 × bc fp32-scale blocks not laid out as rows; a
-    square-block tile is one block row, its warps None (the launch's `warps_for` its size)
-    except 4 for fp32 read transposed."""
+    layout choices (`column_read_as_rows`, `square_column_read_transposed`, `row_read_in_lanes`):
+    `default_tile`; `FP32_SCALE_ROW_TILE` for the codes of 1 × bc fp32-scale blocks not laid out
+    as rows; `LANES_CODES_TILE` for codes worked two elements a word; a square-block tile is one
+    block row, its warps None (the launch's `warps_for` its size) except 4 for fp32 read
+    transposed."""
     br = scheme.block[0]
+    if lanes and not values:
+        return LANES_CODES_TILE
     if br > 1:
         return br, default_tile()[1], 4 if transposed and X.element_size() == 4 else None
     if not values and rule_of(scheme) == "amax" and not as_rows:
         return FP32_SCALE_ROW_TILE
     return default_tile()
+
+
+# FP4 and FP6 codes of bf16 rows worked two elements a word: 16 × 256 elements, 2 warps. On the
+# H200 the fastest of 31 tiles (8–64 rows, 64–256 columns, 2–8 warps) for MXFP4 and MXFP6 E2M3
+# on 8192 x 14336 and 8192 x 4096 (MXFP4 0.0979 → 0.0932 ms and 0.0309 → 0.0301, MXFP6 0.1211
+# → 0.1123 and 0.0370 → 0.0360 against `default_tile`'s; docs/kernels-notes.md, v65)
+LANES_CODES_TILE = (16, 256, 2)
 
 
 def warps_for(tile_r: int, tile_c: int) -> int:
@@ -764,7 +774,13 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         as_rows = column_read_as_rows(X, scheme, hadamard)
     if transposed is None:
         transposed = square_column_read_transposed(X, scheme, values)
-    rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed)
+    if lanes is None:
+        lanes = row_read_in_lanes(X, scheme, values, hadamard, seed is not None)
+    elif lanes and not lanes_possible(X, scheme, values, hadamard, seed is not None):
+        raise ValueError("lanes: a bf16 row read on an NVIDIA GPU of compute capability 9.0 or later, with an even "
+                         "number of columns, an even row stride and a start aligned to four bytes, of MX "
+                         "floating-point values or FP4/FP6 codes rounded to nearest, without a transform")
+    rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed, lanes)
     if br > 1:  # a square-block tile is one block row
         tile_r = br
     tile_r, tile_c, num_warps = tile_r or rows, tile_c or cols, num_warps or warps
@@ -805,12 +821,6 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         raise ValueError("pairs: a bf16 or fp32 column read laid out as rows, with an even number of rows, an "
                          "even column stride and a start aligned to two elements, in tiles of an even number "
                          "of rows")
-    if lanes is None:
-        lanes = row_read_in_lanes(X, scheme, values, hadamard, seed is not None)
-    elif lanes and not lanes_possible(X, scheme, values, hadamard, seed is not None):
-        raise ValueError("lanes: a bf16 row read on an NVIDIA GPU of compute capability 9.0 or later, with an even "
-                         "number of columns, an even row stride and a start aligned to four bytes, of MX "
-                         "floating-point values or FP4 codes rounded to nearest, without a transform")
     _launch(X, seed, codes.view(torch.int32) if words else codes, scales, scheme, rule_of(scheme), tensor_amax,
             scales, bc, 0, scale_codes, tile_r, tile_c, br, values, hadamard, s_dec, num_warps, as_rows, fp64,
             transposed, pairs, lanes)
