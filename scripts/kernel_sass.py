@@ -96,9 +96,9 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
         FP64_QUOTIENT=False, CODES_3D=False, TRANSPOSED=False,  # (fp32-scale codes only)
         NATIVE_BF16=True,  # the GPU's bf16 conversion, as the library launches it on a GPU
         PAIRS=as_rows and rowblock.column_read_in_pairs(torch.empty(128, 16, dtype=torch.bfloat16).t(), s, tile_r),
-        LANES=along == "rows" and rowblock.row_read_in_lanes(torch.empty(16, 128, dtype=torch.bfloat16), s, True,
-                                                             Hadamard(bc) if hadamard else None, stochastic,
-                                                             divmod(arch, 10)),
+        LANES=int(along == "rows" and rowblock.row_read_in_lanes(torch.empty(16, 128, dtype=torch.bfloat16), s,
+                                                                 True, Hadamard(bc) if hadamard else None,
+                                                                 stochastic, divmod(arch, 10))),
         **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     constants["sxc" if along == "rows" else "sxr"] = 1  # as Triton specializes a stride of 1
     return _compile(constants, POINTERS, arch, warps)
@@ -148,7 +148,7 @@ def compile_codes_variant(scheme_name: str, x_dtype: torch.dtype, stochastic: bo
         PACK=2 if elem.bits == 4 else 3 if words else 1, SCALE_CODES=s.scale_fmt.bits <= 8, AMAX_MODE=0,
         X_BF16=x_dtype == torch.bfloat16, BR=br, VALUES=False, MAX_VALUE=float(elem.max), H_STAGES=0,
         H_SPLIT=False, FP64_QUOTIENT=lay["fp64"], CODES_3D=rule == "amax", TRANSPOSED=lay["transposed"],
-        PAIRS=lay["pairs"], LANES=lay["lanes"],
+        PAIRS=lay["pairs"], LANES=int(lay["lanes"]),
         **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     # the unit stride Triton specializes: a column read's rows, unless the kernel reads the transpose
     constants["sxc" if along == "rows" or lay["transposed"] else "sxr"] = 1

@@ -616,12 +616,13 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
 @pytest.mark.parametrize("name, rule", [("mxfp4", "floor"), ("mxfp4", "rceil"), ("mxfp6_e2m3", "floor"),
                                         ("mxfp6_e3m2", "rceil"), ("mxfp8_e4m3", "rceil"), ("mxfp8_e5m2", "even")])
 def test_a_bf16_row_read_worked_two_elements_a_word_gives_the_reference_bits(name, rule):
-    """`rowblock.lanes_possible`: on a GPU of compute capability 9.0 on, a bf16 row read of MX
-    blocks is worked two elements a 32-bit word by bf16x2 instructions (`cast._nearest_lanes`);
-    its values (and FP4 and FP6 codes) and scales are the reference's with it and without it — NaN,
-    ±inf, zeros, −0, blocks of bf16 subnormals (scaled up by 2^127), bf16's largest values,
-    blocks cut short by the matrix's end — and it is refused where it cannot run: odd columns,
-    a misaligned start, stochastic rounding, a transform, fp32, a column read, FP8's codes, a CPU."""
+    """`rowblock.lanes_possible`: a bf16 row read of MX blocks can be worked two elements a 32-bit
+    word (`cast._nearest_lanes`): on a GPU of compute capability 9.0 on by bf16x2 instructions,
+    the default there, and in Triton's interpreter (a CPU) by their emulation, asked for by name.
+    Its values (and FP4 and FP6 codes) and scales are the reference's with it and without it —
+    NaN, ±inf, zeros, −0, blocks of bf16 subnormals (scaled up by 2^127), bf16's largest values,
+    blocks cut short by the matrix's end — and it is refused where it cannot run: odd columns, a
+    misaligned start, stochastic rounding, a transform, fp32, a column read, FP8's codes."""
     from fewerbits.kernels import rowblock
 
     scheme = fb.get_scheme(name, rule)
@@ -633,8 +634,9 @@ def test_a_bf16_row_read_worked_two_elements_a_word_gives_the_reference_bits(nam
     x[8, 64:96] = torch.linspace(-1e-6, 1e-6, 32).bfloat16()  # tiny beside a block of larger ones
     x[8, 80] = 7.0
     x = x.to(DEVICE)
+    on_gpu = DEVICE == "cuda" and torch.cuda.get_device_capability() >= rowblock.LANES_CAPABILITY
     possible = rowblock.lanes_possible(x, scheme, True)
-    assert possible == (DEVICE == "cuda" and torch.cuda.get_device_capability() >= rowblock.LANES_CAPABILITY)
+    assert possible == (DEVICE == "cpu" or on_gpu)
     codes_too = scheme.elem.bits in (4, 6)  # (FP8's codes: the GPU's conversion)
     for view in (x, x[:, :192]):  # FP6 codes a byte each, packed after; packed by the kernel (16 | C)
         q = fb.quantize(view, scheme)
@@ -647,7 +649,9 @@ def test_a_bf16_row_read_worked_two_elements_a_word_gives_the_reference_bits(nam
                 codes, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, lanes=lanes)
                 assert torch.equal(codes, q.data), lanes
                 assert torch.equal(scales, q.scale.view(torch.uint8))
-    assert rowblock.row_read_in_lanes(x, scheme, True) == possible  # the default, where possible
+    assert rowblock.row_read_in_lanes(x, scheme, True) == on_gpu  # the default
+    assert rowblock.row_read_in_lanes(x, scheme, True, capability=(9, 0))  # as compiled for the H200
+    assert not rowblock.row_read_in_lanes(x, scheme, True, capability=(8, 9))
     assert rowblock.lanes_possible(x, scheme, False) == (possible and codes_too)
     for view in (x[:, :199], x[:, 1:199]):  # odd columns; an even number from a misaligned start
         assert not rowblock.lanes_possible(view, scheme, True)

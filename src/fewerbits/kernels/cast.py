@@ -217,15 +217,45 @@ def _native_fp8_values(v, E: tl.constexpr):
 
 
 @triton.jit
-def _bf16x2(a, b, OP: tl.constexpr):
+def _bf16x2(a, b, OP: tl.constexpr, EMULATED: tl.constexpr = False):
     """One PTX instruction OP on int32 words a and b read as two 16-bit lanes each (bf16x2 or
-    u16x2; sm_90), word by word."""
+    u16x2; sm_90), word by word; EMULATED (Triton's interpreter, which runs no PTX): the same
+    lane by lane in fp32 and integer arithmetic."""
+    if EMULATED:
+        return _bf16x2_emulated(a, b, OP)
     return tl.inline_asm_elementwise(OP + " $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
+def _bf16x2_emulated(a, b, OP: tl.constexpr):
+    """`_bf16x2` lane by lane: `max.u16x2` on the lanes as integers; the bf16x2 operations on the
+    lanes widened to fp32, where a product or sum of two bf16 the lanes' uses make is exact or
+    is rounded once more to bf16 on the way (to nearest even: `mul.rn`, `add.rn`, `sub.rn`), and
+    where `min` of a NaN and a number is the number, as PTX's."""
+    if OP == "max.u16x2":
+        return tl.maximum(a & 0xFFFF, b & 0xFFFF) | (tl.maximum((a >> 16) & 0xFFFF, (b >> 16) & 0xFFFF) << 16)
+    lo = _lane_op((a << 16).to(tl.float32, bitcast=True), (b << 16).to(tl.float32, bitcast=True), OP)
+    hi = _lane_op((a & -65536).to(tl.float32, bitcast=True), (b & -65536).to(tl.float32, bitcast=True), OP)
+    return _to_bf16(lo).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF | \
+        (_to_bf16(hi).to(tl.int16, bitcast=True).to(tl.int32) << 16)
+
+
+@triton.jit
+def _lane_op(x, y, OP: tl.constexpr):
+    if OP == "mul.rn.bf16x2":
+        return x * y
+    elif OP == "add.rn.bf16x2":
+        return x + y
+    elif OP == "sub.rn.bf16x2":
+        return x - y
+    else:
+        tl.static_assert(OP == "min.bf16x2")
+        return tl.where(x != x, y, tl.where(y != y, x, tl.minimum(x, y)))
+
+
+@triton.jit
 def _nearest_lanes(w, f2, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
-                   MAX_CODE: tl.constexpr, CODES: tl.constexpr):
+                   MAX_CODE: tl.constexpr, CODES: tl.constexpr, EMULATED: tl.constexpr = False):
     """The elements of bf16 words w (two elements a word, the first in the low half) times
     their block's factor 2^−k (f2: the word of two bf16 2^−k), rounded to nearest (half to even)
     and saturated on the grid of a floating-point format with subnormals, two at a time by the
@@ -240,18 +270,18 @@ def _nearest_lanes(w, f2, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, 
     multiple of the quantum, exactly, and s's bits less c's its count of quanta. No lane
     borrows from or carries into the other: s ≥ c, c's low seven bits are 0 and every code is
     below 2^8. Non-finite elements occur only in blocks whose scale is NaN, which the caller
-    replaces."""
+    replaces. (EMULATED: the bf16x2 instructions emulated, `_bf16x2`.)"""
     MAX16: tl.constexpr = (((MAX_CODE >> M) - BIAS + 127) << 7) | ((MAX_CODE & ((1 << M) - 1)) << (7 - M))
     LANE: tl.constexpr = 65537  # a 16-bit constant times this is the constant in both lanes
-    a = _bf16x2(w, f2, "mul.rn.bf16x2") & 0x7FFF7FFF
-    a = _bf16x2(a, tl.full(a.shape, MAX16 * LANE, tl.int32), "min.bf16x2")
-    c = _bf16x2(a & 0x7F807F80, tl.full(a.shape, ((EMIN + 127) << 7) * LANE, tl.int32), "max.u16x2")
+    a = _bf16x2(w, f2, "mul.rn.bf16x2", EMULATED) & 0x7FFF7FFF
+    a = _bf16x2(a, tl.full(a.shape, MAX16 * LANE, tl.int32), "min.bf16x2", EMULATED)
+    c = _bf16x2(a & 0x7F807F80, tl.full(a.shape, ((EMIN + 127) << 7) * LANE, tl.int32), "max.u16x2", EMULATED)
     c = c + ((7 - M) << 7) * LANE
-    s = _bf16x2(a, c, "add.rn.bf16x2")
+    s = _bf16x2(a, c, "add.rn.bf16x2", EMULATED)
     if CODES:  # k quanta of binade e: code (e + BIAS − 1) · 2^M + k, as `_nearest_magnitude`
         code = s - c + (c >> (7 - M)) - ((EMIN + 127 + 7 - M) << M) * LANE
         return code | ((w >> (15 - E - M)) & ((1 << (E + M)) * LANE))  # each lane's sign bit
-    return _bf16x2(s, c, "sub.rn.bf16x2") | (w & -2147450880)  # the sign bits, 0x80008000
+    return _bf16x2(s, c, "sub.rn.bf16x2", EMULATED) | (w & -2147450880)  # the sign bits, 0x80008000
 
 
 @triton.jit

@@ -217,7 +217,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                      NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False, FP64_QUOTIENT: tl.constexpr = False,
                      CODES_3D: tl.constexpr = False, TRANSPOSED: tl.constexpr = False,
                      NATIVE_BF16: tl.constexpr = False, PAIRS: tl.constexpr = False,
-                     LANES: tl.constexpr = False):
+                     LANES: tl.constexpr = 0):
     # TRANSPOSED: x is the transpose T of the matrix quantized, whose square blocks are T's
     # blocks transposed (`square_column_read_transposed`); codes, scales and noise are placed
     # by that matrix's coordinates, (column, row) of T
@@ -256,7 +256,8 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                         (w >> 32).to(tl.int32).to(tl.float32, bitcast=True))
         x = tl.reshape(tl.permute(x, (3, 0, 1, 2)), (TILE_R, NB, BC))
     elif LANES:  # a bf16 row read as words of two neighbouring elements (`lanes_possible`): word
-        # j of a block holds its columns 2j (low half) and 2j + 1, worked two at a time below
+        # j of a block holds its columns 2j (low half) and 2j + 1, worked two at a time below by
+        # the GPU's bf16x2 instructions (LANES 1) or, in Triton's interpreter, their emulation (2)
         tl.static_assert(X_BF16 and not AS_ROWS and BR == 1 and AMAX_MODE == 0 and H_STAGES == 0
                          and not STOCHASTIC and RULE >= 1 and RULE <= 4)
         wcols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * (BC // 2))[None, :, None] + \
@@ -318,12 +319,13 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         finite = (scale == scale)[:, :, None]
         if VALUES:
             s16 = (scale.to(tl.int32, bitcast=True) >> 16) & 0xFFFF
-            elems = _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, False)
-            out = tl.where(finite, _bf16x2(elems, (s16 | (s16 << 16))[:, :, None], "mul.rn.bf16x2"), 0x7FC07FC0)
+            elems = _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, False, LANES == 2)
+            out = tl.where(finite, _bf16x2(elems, (s16 | (s16 << 16))[:, :, None], "mul.rn.bf16x2", LANES == 2),
+                           0x7FC07FC0)
             tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + rows3 * (sor // 2) + wcols3, out, mask=winside3)
         else:
             # the codes back in the tile's order, then stored as `_encode_store` stores them
-            code = tl.where(finite, _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, True), 0)
+            code = tl.where(finite, _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, True, LANES == 2), 0)
             code = tl.reshape(tl.join(code & 0xFFFF, code >> 16), (TILE_R, TILE_C))
             cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
             _store_codes(code, out_ptr, rows, cols, (rows < R)[:, None] & (cols < C)[None, :], R, CP, sor,
@@ -633,12 +635,18 @@ def lanes_possible(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None,
                    capability: tuple[int, int] | None = None) -> bool:
     """Whether the kernel can work a row read of X two elements a 32-bit word (LANES,
     `cast._nearest_lanes`): bf16 on an NVIDIA GPU of compute capability 9.0 on (X's, or
-    `capability` where given), read along rows (a unit column stride, an even row stride, a
+    `capability` where given) or in Triton's interpreter (X not on a GPU), which emulates the
+    GPU's bf16x2 instructions; read along rows (a unit column stride, an even row stride, a
     start aligned to four bytes, an even number of columns), in 1 × bc blocks with power-of-two
     scales (E8M0) of floating-point elements with subnormals, rounded to nearest without a
     transform; their values, or FP4 and FP6 codes."""
-    elem, capability = scheme.elem, capability or _capability(X.device)
-    return (capability is not None and tuple(capability) >= LANES_CAPABILITY and X.dtype == torch.bfloat16
+    elem = scheme.elem
+    if capability is None and _interpreted(X):
+        device = True
+    else:
+        capability = capability or _capability(X.device)
+        device = capability is not None and tuple(capability) >= LANES_CAPABILITY
+    return (device and X.dtype == torch.bfloat16
             and X.dim() == 2 and X.stride(1) == 1 and X.stride(0) % 2 == 0 and X.shape[1] % 2 == 0
             and X.data_ptr() % 4 == 0 and scheme.block[0] == 1 and scheme.block[1] % 2 == 0
             and rule_of(scheme) in ("floor", "ceil", "even", "rceil") and not elem.is_integer
@@ -647,8 +655,11 @@ def lanes_possible(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None,
 
 def row_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False,
                       capability: tuple[int, int] | None = None) -> bool:
-    """Whether a row read of X is worked two elements a word (`lanes_possible`)."""
-    return lanes_possible(X, scheme, values, hadamard, stochastic, capability)
+    """Whether a row read of X is worked two elements a word (`lanes_possible`) by default: on a
+    GPU, not in Triton's interpreter, whose runs then take the path a GPU of compute capability
+    below 9.0 takes (tests ask for the lanes there by name)."""
+    return (capability is not None or not _interpreted(X)) and \
+        lanes_possible(X, scheme, values, hadamard, stochastic, capability)
 
 
 def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None) -> bool:
@@ -777,9 +788,10 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     if lanes is None:
         lanes = row_read_in_lanes(X, scheme, values, hadamard, seed is not None)
     elif lanes and not lanes_possible(X, scheme, values, hadamard, seed is not None):
-        raise ValueError("lanes: a bf16 row read on an NVIDIA GPU of compute capability 9.0 or later, with an even "
-                         "number of columns, an even row stride and a start aligned to four bytes, of MX "
-                         "floating-point values or FP4/FP6 codes rounded to nearest, without a transform")
+        raise ValueError("lanes: a bf16 row read on an NVIDIA GPU of compute capability 9.0 or later (or in Triton's "
+                         "interpreter), with an even number of columns, an even row stride and a start aligned to "
+                         "four bytes, of MX floating-point values or FP4/FP6 codes rounded to nearest, without a "
+                         "transform")
     rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed, lanes)
     if br > 1:  # a square-block tile is one block row
         tile_r = br
@@ -860,7 +872,7 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         # codes packed four at a time, which the 2D store made slower there); MX blocks were 0–2%
         # slower with it, so they keep the 2D store (docs/kernels-notes.md, v56 and v57)
         CODES_3D=rule == "amax", TRANSPOSED=transposed, NATIVE_BF16=values and not _interpreted(X), PAIRS=pairs,
-        LANES=lanes,
+        LANES=(2 if _interpreted(X) else 1) if lanes else 0,
         **constants,
     )
 
