@@ -229,9 +229,10 @@ def _bf16x2(a, b, OP: tl.constexpr, EMULATED: tl.constexpr = False):
 @triton.jit
 def _bf16x2_emulated(a, b, OP: tl.constexpr):
     """`_bf16x2` lane by lane: `max.u16x2` on the lanes as integers; the bf16x2 operations on the
-    lanes widened to fp32, where a product or sum of two bf16 the lanes' uses make is exact or
-    is rounded once more to bf16 on the way (to nearest even: `mul.rn`, `add.rn`, `sub.rn`), and
-    where `min` of a NaN and a number is the number, as PTX's."""
+    lanes widened to fp32, the result rounded to bf16 (nearest even). That is the instruction's
+    one rounding for the operands `_nearest_lanes` gives it: their products and sums are exact
+    in fp32, or (a product deep in fp32's subnormals, a sum with a far below c's ulp) round there
+    without changing the bf16 result. `min` of a NaN and a number is the number, as PTX's."""
     if OP == "max.u16x2":
         return tl.maximum(a & 0xFFFF, b & 0xFFFF) | (tl.maximum((a >> 16) & 0xFFFF, (b >> 16) & 0xFFFF) << 16)
     lo = _lane_op((a << 16).to(tl.float32, bitcast=True), (b << 16).to(tl.float32, bitcast=True), OP)
@@ -242,6 +243,7 @@ def _bf16x2_emulated(a, b, OP: tl.constexpr):
 
 @triton.jit
 def _lane_op(x, y, OP: tl.constexpr):
+    """OP of `_bf16x2` on fp32 x and y, unrounded."""
     if OP == "mul.rn.bf16x2":
         return x * y
     elif OP == "add.rn.bf16x2":

@@ -27,6 +27,10 @@ values are those of quantizing `Hadamard.transform(X)`; NVFP4's tensor amax of t
 matrix comes from `_hadamard_amax_kernel`, a read-only pass of the same transform, unless the
 caller gives it: `two_amaxes` finds a tensor's plain amax and that of its transposed transform
 in one read, for the two operands made of one input or gradient.
+
+A bf16 row read of MX blocks rounded to nearest without a transform is worked two elements a
+32-bit word, as loaded, by the GPU's bf16x2 instructions (`lanes_possible`,
+`cast._nearest_lanes`; sm_90 on): the same bits in fewer instructions.
 """
 
 from __future__ import annotations
@@ -846,7 +850,9 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
     """One launch of the kernel over X (R, C); `tensor_amax` (and `s_dec`, written) only by the
     two-level rule, `amax` only by the amax modes; fp64: the quotient by the fp64 reciprocal
     (default: `fp64_quotient`); transposed: X's square blocks read from X.t()
-    (`square_column_read_transposed`), the launch over X.t() with X's codes and scales."""
+    (`square_column_read_transposed`), the launch over X.t() with X's codes and scales; pairs:
+    `column_read_in_pairs`; lanes: two elements a word (`lanes_possible`, emulated in Triton's
+    interpreter)."""
     if transposed:
         X = X.t()
     R, C = X.shape
