@@ -256,6 +256,13 @@ def _lane_op(x, y, OP: tl.constexpr):
 
 
 @triton.jit
+def _in_both_lanes(v):
+    """fp32 v that bf16 holds exactly (its low 16 bits 0), as bf16 in both halves of an int32 word."""
+    half = (v.to(tl.int32, bitcast=True) >> 16) & 0xFFFF
+    return half | (half << 16)
+
+
+@triton.jit
 def _nearest_lanes(w, f2, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, EMIN: tl.constexpr,
                    MAX_CODE: tl.constexpr, CODES: tl.constexpr, EMULATED: tl.constexpr = False):
     """The elements of bf16 words w (two elements a word, the first in the low half) times

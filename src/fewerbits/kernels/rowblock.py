@@ -45,8 +45,8 @@ from ..codes import code_table, pack as pack_codes
 from ..quantize import check_amax
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
-from .cast import (_bf16x2, _capability, _encode_store, _nearest_lanes, _nearest_magnitude, _round_codes,
-                   _round_values, _seed_noise, _store_codes, _to_bf16, cdiv, format_constants)
+from .cast import (_bf16x2, _capability, _encode_store, _in_both_lanes, _nearest_lanes, _nearest_magnitude,
+                   _round_codes, _round_values, _seed_noise, _store_codes, _to_bf16, cdiv, format_constants)
 
 RULES = {"amax": 0, "floor": 1, "ceil": 2, "even": 3, "rceil": 4, "two_level": 5}
 
@@ -318,13 +318,11 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
     if LANES:  # two elements a word (`_nearest_lanes`), by the block's 2^−k and 2^k as bf16 —
         # exact, 2^−127 a bf16 subnormal — in both halves of a word; a block whose scale is NaN
         # takes code 0 (values: NaN) in every element, as below
-        f16 = (factor.to(tl.int32, bitcast=True) >> 16) & 0xFFFF
-        f2 = (f16 | (f16 << 16))[:, :, None]
+        f2 = _in_both_lanes(factor)[:, :, None]
         finite = (scale == scale)[:, :, None]
         if VALUES:
-            s16 = (scale.to(tl.int32, bitcast=True) >> 16) & 0xFFFF
             elems = _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, False, LANES == 2)
-            out = tl.where(finite, _bf16x2(elems, (s16 | (s16 << 16))[:, :, None], "mul.rn.bf16x2", LANES == 2),
+            out = tl.where(finite, _bf16x2(elems, _in_both_lanes(scale)[:, :, None], "mul.rn.bf16x2", LANES == 2),
                            0x7FC07FC0)
             tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + rows3 * (sor // 2) + wcols3, out, mask=winside3)
         else:
@@ -642,8 +640,8 @@ def lanes_possible(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None,
     `capability` where given) or in Triton's interpreter (X not on a GPU), which emulates the
     GPU's bf16x2 instructions; read along rows (a unit column stride, an even row stride, a
     start aligned to four bytes, an even number of columns), in 1 × bc blocks with power-of-two
-    scales (E8M0) of floating-point elements with subnormals, rounded to nearest without a
-    transform; their values, or FP4 and FP6 codes."""
+    scales (`Scheme.pow2`: E8M0, or fp32 under a power-of-two rule) of floating-point elements
+    with subnormals, rounded to nearest without a transform; their values, or FP4 and FP6 codes."""
     elem = scheme.elem
     if capability is None and _interpreted(X):
         device = True
@@ -653,7 +651,7 @@ def lanes_possible(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None,
     return (device and X.dtype == torch.bfloat16
             and X.dim() == 2 and X.stride(1) == 1 and X.stride(0) % 2 == 0 and X.shape[1] % 2 == 0
             and X.data_ptr() % 4 == 0 and scheme.block[0] == 1 and scheme.block[1] % 2 == 0
-            and rule_of(scheme) in ("floor", "ceil", "even", "rceil") and not elem.is_integer
+            and scheme.pow2 and not scheme.two_level and not elem.is_integer
             and elem.emin == 1 - elem.bias and hadamard is None and not stochastic and (values or elem.bits in (4, 6)))
 
 
