@@ -614,10 +614,12 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
 
 
 @pytest.mark.parametrize("name, rule", [("mxfp4", "floor"), ("mxfp4", "rceil"), ("mxfp6_e2m3", "floor"),
-                                        ("mxfp6_e3m2", "rceil"), ("mxfp8_e4m3", "rceil"), ("mxfp8_e5m2", "even")])
+                                        ("mxfp6_e3m2", "rceil"), ("mxfp8_e4m3", "rceil"), ("mxfp8_e5m2", "even"),
+                                        ("fp8_e4m3_1x128", "rceil")])  # fp32 scales, powers of two
 def test_a_bf16_row_read_worked_two_elements_a_word_gives_the_reference_bits(name, rule):
-    """`rowblock.lanes_possible`: a bf16 row read of MX blocks can be worked two elements a 32-bit
-    word (`cast._nearest_lanes`): on a GPU of compute capability 9.0 on by bf16x2 instructions,
+    """`rowblock.lanes_possible`: a bf16 row read of 1 × bc blocks with power-of-two scales (MX's
+    E8M0, or fp32 under a power-of-two rule) can be worked two elements a 32-bit word
+    (`cast._nearest_lanes`): on a GPU of compute capability 9.0 on by bf16x2 instructions,
     the default there, and in Triton's interpreter (a CPU) by their emulation, asked for by name.
     Its values (and FP4 and FP6 codes) and scales are the reference's with it and without it —
     NaN, ±inf, zeros, −0, blocks of bf16 subnormals (scaled up by 2^127), bf16's largest values,
@@ -644,11 +646,11 @@ def test_a_bf16_row_read_worked_two_elements_a_word_gives_the_reference_bits(nam
         for lanes in (False, True) if possible else (False,):
             values, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, values=True, lanes=lanes)
             assert same_values(values, ref), lanes
-            assert torch.equal(scales, q.scale.view(torch.uint8))
+            assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
             if codes_too:
                 codes, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, lanes=lanes)
                 assert torch.equal(codes, q.data), lanes
-                assert torch.equal(scales, q.scale.view(torch.uint8))
+                assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
     assert rowblock.row_read_in_lanes(x, scheme, True) == on_gpu  # the default
     assert rowblock.row_read_in_lanes(x, scheme, True, capability=(9, 0))  # as compiled for the H200
     assert not rowblock.row_read_in_lanes(x, scheme, True, capability=(8, 9))
