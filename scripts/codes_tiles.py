@@ -1,10 +1,11 @@
 """Which tile makes the one-read kernel's codes fastest: every tile of a grid, timed on a GPU.
 
-    python3 scripts/codes_tiles.py [--schemes mxfp4 mxfp6_e2m3] [--shapes 8192x14336 8192x4096]
+    python3 scripts/codes_tiles.py [--schemes mxfp4 mxfp6_e2m3] [--shapes 8192x14336 8192x4096] [--axis 0]
 
-For each shape (bf16, standard normal, read along rows) and scheme it times
-`rowblock.quantize_rowblocks` with the default layout choices (two elements a word where
-`rowblock.row_read_in_lanes` holds) in every tile of 8–64 rows, 64–256 columns and 2–8 warps
+For each shape (bf16, standard normal, read along rows, or with --axis 0 down its columns, as
+the transposed view) and scheme it times `rowblock.quantize_rowblocks` with the default layout
+choices (two elements a word where `rowblock.row_read_in_lanes` or `column_read_in_lanes`
+holds) in every tile of 8–64 rows, 64–256 columns and 2–8 warps
 that gives a thread 4 to 64 elements: milliseconds of the kernel replayed as a CUDA graph
 (`bench_kernels.graph_ms`, the median of three timings), as a share of the copy rate (the input
 read once, codes and scales written once, against a device-to-device copy of the input). Each
@@ -38,14 +39,18 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--schemes", nargs="+", default=["mxfp4", "mxfp6_e2m3"], choices=sorted(fb.SCHEMES))
     p.add_argument("--shapes", type=parse_shape, nargs="+", default=[(8192, 14336), (8192, 4096)])
+    p.add_argument("--axis", type=int, default=-1, choices=[-1, 0], help="the blocks along rows (-1) or columns (0)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("codes_tiles.py times kernels on a GPU; none is available", file=sys.stderr)
         return 1
     torch.manual_seed(0)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16 input read along rows")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16 input read "
+          f"{'along rows' if args.axis == -1 else 'down columns'}")
     for shape in args.shapes:
         x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        if args.axis == 0:
+            x = x.t()
         copy = statistics.median(graph_ms(lambda: x.clone()) for _ in range(3))
         rate = 2 * x.nbytes / copy
         for name in args.schemes:

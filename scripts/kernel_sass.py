@@ -13,7 +13,8 @@ count of the whole kernel and per element (one tile of the library's choice,
 `rowblock.column_read_as_rows`, its rows loaded two at a time where the library does so,
 `rowblock.column_read_in_pairs`; the rows of a row-major copy where the library transposes a
 column read first, `rowblock.column_read_transposed_first`; a bf16 row read worked two elements
-a word where the library does so for that architecture, `rowblock.row_read_in_lanes`), the
+a word where the library does so for that architecture, `rowblock.row_read_in_lanes`, and a
+column read two rows a word, `column_read_in_lanes`), the
 registers a thread, the
 shared memory, and the instructions that move the tile between layouts (STS/LDS through shared
 memory, BAR barriers, SHFL lane shuffles).
@@ -25,7 +26,8 @@ With --codes it compiles the codes instead (`kernels.quantize`'s one-read path),
 fp32 inputs, with the layout, tile and warps `rowblock.quantize_rowblocks` picks
 (`rowblock.tile_of`): 1 × bc column reads laid out as rows (bf16 ones two rows a load, but
 FP6), square blocks read down columns from the transpose (`rowblock.square_column_read_transposed`),
-FP4 codes along bf16 rows two elements a word (`rowblock.row_read_in_lanes`).
+FP4 and FP6 codes of bf16 two elements a word (`rowblock.row_read_in_lanes`,
+`column_read_in_lanes`).
 
 These are static counts, not a timing: a count that grows, or barriers and shared memory that
 appear, show where a variant does more work per element; only the GPU says how much that costs.
@@ -88,6 +90,10 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
     as_rows, tile_r, tile_c, warps = tile(scheme_name, hadamard, along)
     if copied_first(scheme_name, hadamard, along):
         along = "rows"
+    view = torch.empty(16, 128, dtype=torch.bfloat16)
+    h = Hadamard(bc) if hadamard else None
+    lanes = (rowblock.row_read_in_lanes(view, s, True, h, stochastic, divmod(arch, 10)) if along == "rows" else
+             as_rows and rowblock.column_read_in_lanes(view.t(), s, True, h, stochastic, divmod(arch, 10)))
     constants = dict(
         BC=bc, TILE_R=tile_r, TILE_C=tile_c, AS_ROWS=as_rows, RULE=rowblock.RULES["two_level" if s.two_level else s.scale_rule],
         KMIN=s.scale_fmt.emin, KMAX=s.scale_fmt.emax, EMAX_ELEM=elem.emax, STOCHASTIC=stochastic,
@@ -95,10 +101,8 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
         VALUES=True, MAX_VALUE=float(elem.max), H_STAGES=bc.bit_length() - 1 if hadamard else 0, H_SPLIT=False,
         FP64_QUOTIENT=False, CODES_3D=False, TRANSPOSED=False,  # (fp32-scale codes only)
         NATIVE_BF16=True,  # the GPU's bf16 conversion, as the library launches it on a GPU
-        PAIRS=as_rows and rowblock.column_read_in_pairs(torch.empty(128, 16, dtype=torch.bfloat16).t(), s, tile_r),
-        LANES=int(along == "rows" and rowblock.row_read_in_lanes(torch.empty(16, 128, dtype=torch.bfloat16), s,
-                                                                 True, Hadamard(bc) if hadamard else None,
-                                                                 stochastic, divmod(arch, 10))),
+        PAIRS=as_rows and (lanes or rowblock.column_read_in_pairs(view.t(), s, tile_r)),
+        LANES=int(lanes),
         **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     constants["sxc" if along == "rows" else "sxr"] = 1  # as Triton specializes a stride of 1
     return _compile(constants, POINTERS, arch, warps)
@@ -127,10 +131,11 @@ def codes_layout(scheme_name: str, x_dtype: torch.dtype, along: str, stochastic:
     view = view if along == "rows" else view.t()
     as_rows = rowblock.column_read_as_rows(view, s)
     transposed = rowblock.square_column_read_transposed(view, s)
-    lanes = rowblock.row_read_in_lanes(view, s, False, None, stochastic, divmod(arch, 10))
+    lanes = (rowblock.row_read_in_lanes(view, s, False, None, stochastic, divmod(arch, 10))
+             or as_rows and rowblock.column_read_in_lanes(view, s, False, None, stochastic, divmod(arch, 10)))
     rows, cols, warps = rowblock.tile_of(view, s, False, as_rows, transposed, lanes)
     fp64 = rowblock.rule_of(s) == "amax" and rowblock.fp64_quotient(view, as_rows)
-    pairs = as_rows and rowblock.column_read_in_pairs(view, s, rows)
+    pairs = as_rows and (lanes or rowblock.column_read_in_pairs(view, s, rows))
     return dict(as_rows=as_rows, transposed=transposed, rows=rows, cols=cols,
                 warps=warps or rowblock.warps_for(rows, cols), fp64=fp64, pairs=pairs, lanes=lanes)
 

@@ -616,15 +616,17 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
 @pytest.mark.parametrize("name, rule", [("mxfp4", "floor"), ("mxfp4", "rceil"), ("mxfp6_e2m3", "floor"),
                                         ("mxfp6_e3m2", "rceil"), ("mxfp8_e4m3", "rceil"), ("mxfp8_e5m2", "even"),
                                         ("fp8_e4m3_1x128", "rceil")])  # fp32 scales, powers of two
-def test_a_bf16_row_read_worked_two_elements_a_word_gives_the_reference_bits(name, rule):
+def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, rule):
     """`rowblock.lanes_possible`: a bf16 row read of 1 × bc blocks with power-of-two scales (MX's
     E8M0, or fp32 under a power-of-two rule) can be worked two elements a 32-bit word
-    (`cast._nearest_lanes`): on a GPU of compute capability 9.0 on by bf16x2 instructions,
-    the default there, and in Triton's interpreter (a CPU) by their emulation, asked for by name.
-    Its values (and FP4 and FP6 codes) and scales are the reference's with it and without it —
-    NaN, ±inf, zeros, −0, blocks of bf16 subnormals (scaled up by 2^127), bf16's largest values,
-    blocks cut short by the matrix's end — and it is refused where it cannot run: odd columns, a
-    misaligned start, stochastic rounding, a transform, fp32, a column read, FP8's codes."""
+    (`cast._nearest_lanes`), and a column read two rows a word: on a GPU of compute capability
+    9.0 on by bf16x2 instructions, the default there, and in Triton's interpreter (a CPU) by
+    their emulation, asked for by name. Its values (and FP4 and FP6 codes) and scales are the
+    reference's with it and without it — NaN, ±inf, zeros, −0, blocks of bf16 subnormals (scaled
+    up by 2^127), bf16's largest values, blocks cut short by the matrix's end, in rows that are
+    the even or the odd one of a word — and it is refused where it cannot run: odd columns (a
+    column read: odd rows), a misaligned start, stochastic rounding, a transform, fp32, a column
+    read not loaded in pairs, FP8's codes."""
     from fewerbits.kernels import rowblock
 
     scheme = fb.get_scheme(name, rule)
@@ -640,7 +642,11 @@ def test_a_bf16_row_read_worked_two_elements_a_word_gives_the_reference_bits(nam
     possible = rowblock.lanes_possible(x, scheme, True)
     assert possible == (DEVICE == "cpu" or on_gpu)
     codes_too = scheme.elem.bits in (4, 6)  # (FP8's codes: the GPU's conversion)
-    for view in (x, x[:, :192]):  # FP6 codes a byte each, packed after; packed by the kernel (16 | C)
+    xc = x.t().contiguous().t()  # x's values read down columns: a row of blocks is a column in memory
+    xo = x.roll(-1, 0).t().contiguous().t()  # rows 6, 7, 8 as rows 5, 6, 7: in a word's other lane
+    # FP6 codes a byte each, packed after; packed by the kernel (16 | C); column reads, of a slice too
+    for view in (x, x[:, :192], xc, xc[:, :192], xo, xc[2:]):
+        assert rowblock.lanes_possible(view, scheme, True) == possible
         q = fb.quantize(view, scheme)
         ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
         for lanes in (False, True) if possible else (False,):
@@ -654,6 +660,14 @@ def test_a_bf16_row_read_worked_two_elements_a_word_gives_the_reference_bits(nam
     assert rowblock.row_read_in_lanes(x, scheme, True) == on_gpu  # the default
     assert rowblock.row_read_in_lanes(x, scheme, True, capability=(9, 0))  # as compiled for the H200
     assert not rowblock.row_read_in_lanes(x, scheme, True, capability=(8, 9))
+    assert not rowblock.row_read_in_lanes(xc, scheme, True, capability=(9, 0))
+    assert rowblock.column_read_in_lanes(xc, scheme, True) == on_gpu
+    assert rowblock.column_read_in_lanes(xc, scheme, True, capability=(9, 0))
+    assert not rowblock.column_read_in_lanes(x, scheme, True, capability=(9, 0))
+    for view in (xc[:69], xc[1:]):  # odd rows
+        assert not rowblock.lanes_possible(view, scheme, True)
+    with pytest.raises(ValueError, match="lanes"):  # a column read in lanes is loaded in pairs
+        rowblock.quantize_rowblocks(xc, scheme, None, values=True, lanes=True, pairs=False)
     assert rowblock.lanes_possible(x, scheme, False) == (possible and codes_too)
     for view in (x[:, :199], x[:, 1:199]):  # odd columns; an even number from a misaligned start
         assert not rowblock.lanes_possible(view, scheme, True)
@@ -662,7 +676,6 @@ def test_a_bf16_row_read_worked_two_elements_a_word_gives_the_reference_bits(nam
     assert not rowblock.lanes_possible(x, scheme, True, stochastic=True)
     assert not rowblock.lanes_possible(x, scheme, True, fb.Hadamard(32))
     assert not rowblock.lanes_possible(x.float(), scheme, True)
-    assert not rowblock.lanes_possible(x.t(), scheme, True)
     assert not rowblock.lanes_possible(x, fb.get_scheme("mxfp8_e4m3"), False)
     with pytest.raises(ValueError, match="lanes"):
         rowblock.quantize_rowblocks(x[:, 1:199], scheme, None, values=True, lanes=True)

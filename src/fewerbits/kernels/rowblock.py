@@ -30,7 +30,8 @@ in one read, for the two operands made of one input or gradient.
 
 A bf16 row read of MX blocks rounded to nearest without a transform is worked two elements a
 32-bit word, as loaded, by the GPU's bf16x2 instructions (`lanes_possible`,
-`cast._nearest_lanes`; sm_90 on): the same bits in fewer instructions.
+`cast._nearest_lanes`; sm_90 on), and so is a column read loaded two rows a word, whose lanes
+are two rows' blocks: the same bits in fewer instructions.
 """
 
 from __future__ import annotations
@@ -143,6 +144,13 @@ def _quotient(x, p, m, y):
 
 
 @triton.jit
+def _rows_of_lanes(t, TILE_R: tl.constexpr, NB: tl.constexpr):
+    """The (TILE_R, NB) tile t of a pair read (PAIRS: the even rows, then the odd ones) as its
+    even rows and its odd rows, (TILE_R / 2, NB) each: the words' low lanes' and high lanes'."""
+    return tl.split(tl.permute(tl.reshape(t, (2, TILE_R // 2, NB)), (1, 2, 0)))
+
+
+@triton.jit
 def _block_scale(amax, elem_max, rcp_max, tensor_scales_ptr, enc_numerator, s_dec_ptr, RULE: tl.constexpr,
                  KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr, M: tl.constexpr):
     """(scale, factor, code) of blocks with these amaxes under the scale rule RULE: the fp32
@@ -252,13 +260,15 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         if X_BF16:
             w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + pairs3 * row_stride + cols3 * (sxc // 2),
                         mask=(2 * pairs3 < R) & (cols3 < C), other=0)
-            x = tl.join((w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True))
+            if not LANES:  # (LANES: the words worked as they are, a row's block in each lane)
+                x = tl.join((w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True))
         else:
             w = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + pairs3 * row_stride + cols3 * (sxc // 2),
                         mask=(2 * pairs3 < R) & (cols3 < C), other=0)
             x = tl.join(w.to(tl.int32).to(tl.float32, bitcast=True),
                         (w >> 32).to(tl.int32).to(tl.float32, bitcast=True))
-        x = tl.reshape(tl.permute(x, (3, 0, 1, 2)), (TILE_R, NB, BC))
+        if not LANES:
+            x = tl.reshape(tl.permute(x, (3, 0, 1, 2)), (TILE_R, NB, BC))
     elif LANES:  # a bf16 row read as words of two neighbouring elements (`lanes_possible`): word
         # j of a block holds its columns 2j (low half) and 2j + 1, worked two at a time below by
         # the GPU's bf16x2 instructions (LANES 1) or, in Triton's interpreter, their emulation (2)
@@ -278,7 +288,16 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         xbits = x.to(tl.int32, bitcast=True)
 
     # ---- amax of each block: (TILE_R, NB) -------------------------------------------------
-    if LANES:  # the larger |x| bit pattern of each word's two, widened to fp32's (NaN above inf)
+    if LANES and PAIRS:  # a lane's blocks are a row's: the low lanes' largest |x| bit pattern and
+        # the high lanes' (the high half of the largest word), widened to fp32's, in the tile's
+        # order of rows (the even ones, then the odd ones)
+        tl.static_assert(X_BF16 and AS_ROWS and AMAX_MODE == 0 and H_STAGES == 0 and not STOCHASTIC
+                         and RULE >= 1 and RULE <= 4)
+        mag = w & 0x7FFF7FFF
+        low = tl.max(mag & 0xFFFF, axis=2) << 16
+        high = tl.max(mag, axis=2) & -65536
+        amax = tl.reshape(tl.permute(tl.join(low, high), (2, 0, 1)), (TILE_R, NB)).to(tl.float32, bitcast=True)
+    elif LANES:  # the larger |x| bit pattern of each word's two, widened to fp32's (NaN above inf)
         mag = w & 0x7FFF7FFF
         amax = (tl.max(tl.maximum(mag & 0xFFFF, mag >> 16), axis=2) << 16).to(tl.float32, bitcast=True)
     elif AMAX_MODE == 0:  # BR × BC blocks: reduced here, as the largest |x| bit pattern — for
@@ -315,7 +334,27 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         tl.store(scale_ptr + scale_offsets, scale, mask=scale_mask)
 
     # ---- elements --------------------------------------------------------------------------
-    if LANES:  # two elements a word (`_nearest_lanes`), by the block's 2^−k and 2^k as bf16 —
+    if LANES and PAIRS:  # two rows a word (`_nearest_lanes`): each lane by its own block's 2^−k,
+        # and a block whose scale is NaN takes code 0 (values: NaN) in its lane alone; the lanes
+        # then split into the tile's rows, the even ones first, and stored
+        f_low, f_high = _rows_of_lanes(factor, TILE_R, NB)
+        s_low, s_high = _rows_of_lanes(scale, TILE_R, NB)
+        f2 = (((f_low.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (f_high.to(tl.int32, bitcast=True) & -65536))
+        keep = (tl.where(s_low == s_low, 0xFFFF, 0) | tl.where(s_high == s_high, -65536, 0))[:, :, None]
+        if VALUES:
+            elems = _nearest_lanes(w, f2[:, :, None], E, M, BIAS, EMIN, MAX_CODE, False, LANES == 2)
+            s2 = ((s_low.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (s_high.to(tl.int32, bitcast=True) & -65536)
+            out = _bf16x2(elems, s2[:, :, None], "mul.rn.bf16x2", LANES == 2)
+            out = (out & keep) | (0x7FC07FC0 & ~keep)
+            out = tl.reshape(tl.permute(tl.join(out & 0xFFFF, (out >> 16) & 0xFFFF), (3, 0, 1, 2)), (TILE_R, NB, BC))
+            tl.store(out_ptr.to(tl.pointer_type(tl.int16)) + rows3 * sor + cols3, out.to(tl.int16), mask=inside3)
+        else:
+            code = _nearest_lanes(w, f2[:, :, None], E, M, BIAS, EMIN, MAX_CODE, True, LANES == 2) & keep
+            code = tl.reshape(tl.permute(tl.join(code & 0xFFFF, code >> 16), (3, 0, 1, 2)), (TILE_R, TILE_C))
+            cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
+            _store_codes(code, out_ptr, rows, cols, (rows < R)[:, None] & (cols < C)[None, :], R, CP, sor,
+                         TILE_R, TILE_C, PACK)
+    elif LANES:  # two elements a word (`_nearest_lanes`), by the block's 2^−k and 2^k as bf16 —
         # exact, 2^−127 a bf16 subnormal — in both halves of a word; a block whose scale is NaN
         # takes code 0 (values: NaN) in every element, as below
         f2 = _in_both_lanes(factor)[:, :, None]
@@ -626,7 +665,8 @@ def column_read_in_pairs(X: torch.Tensor, scheme: Scheme, tile_r: int) -> bool:
     values of MXFP8 0.1457 → 0.1415, MXFP4 0.1469 → 0.1437, NVFP4 0.2297 → 0.2164 and, under
     its transform with stochastic rounding (wgrad's gradients), 0.3859 → 0.3540; MXFP4 codes
     the same; MXFP6 codes slower, 0.1297 → 0.1456, so FP6 (its values not timed) keeps one
-    element a load."""
+    element a load — unless the read is worked two rows a word (`column_read_in_lanes`), which
+    loads in pairs whatever the format."""
     return X.dtype == torch.bfloat16 and scheme.elem.bits != 6 and pairs_possible(X, tile_r)
 
 
@@ -635,22 +675,24 @@ LANES_CAPABILITY = (9, 0)  # PTX's bf16x2 multiply, add and subtract and u16x2 m
 
 def lanes_possible(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False,
                    capability: tuple[int, int] | None = None) -> bool:
-    """Whether the kernel can work a row read of X two elements a 32-bit word (LANES,
-    `cast._nearest_lanes`): bf16 on an NVIDIA GPU of compute capability 9.0 on (X's, or
-    `capability` where given) or in Triton's interpreter (X not on a GPU), which emulates the
-    GPU's bf16x2 instructions; read along rows (a unit column stride, an even row stride, a
-    start aligned to four bytes, an even number of columns), in 1 × bc blocks with power-of-two
-    scales (`Scheme.pow2`: E8M0, or fp32 under a power-of-two rule) of floating-point elements
-    with subnormals, rounded to nearest without a transform; their values, or FP4 and FP6 codes."""
+    """Whether the kernel can work X two elements a 32-bit word (LANES, `cast._nearest_lanes`):
+    bf16 on an NVIDIA GPU of compute capability 9.0 on (X's, or `capability` where given) or in
+    Triton's interpreter (X not on a GPU), which emulates the GPU's bf16x2 instructions; read
+    along rows (a unit column stride, an even row stride, a start aligned to four bytes, an even
+    number of columns: a word holds two neighbours of a block) or down columns two rows a word
+    (`pairs_possible`: a word holds two rows' elements, so two blocks); in 1 × bc blocks with
+    power-of-two scales (`Scheme.pow2`: E8M0, or fp32 under a power-of-two rule) of
+    floating-point elements with subnormals, rounded to nearest without a transform; their
+    values, or FP4 and FP6 codes."""
     elem = scheme.elem
     if capability is None and _interpreted(X):
         device = True
     else:
         capability = capability or _capability(X.device)
         device = capability is not None and tuple(capability) >= LANES_CAPABILITY
-    return (device and X.dtype == torch.bfloat16
-            and X.dim() == 2 and X.stride(1) == 1 and X.stride(0) % 2 == 0 and X.shape[1] % 2 == 0
-            and X.data_ptr() % 4 == 0 and scheme.block[0] == 1 and scheme.block[1] % 2 == 0
+    rows = X.dim() == 2 and X.stride(1) == 1 and X.stride(0) % 2 == 0 and X.shape[1] % 2 == 0 and X.data_ptr() % 4 == 0
+    return (device and X.dtype == torch.bfloat16 and (rows or pairs_possible(X, 2))
+            and scheme.block[0] == 1 and scheme.block[1] % 2 == 0
             and scheme.pow2 and not scheme.two_level and not elem.is_integer
             and elem.emin == 1 - elem.bias and hadamard is None and not stochastic and (values or elem.bits in (4, 6)))
 
@@ -660,7 +702,18 @@ def row_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=No
     """Whether a row read of X is worked two elements a word (`lanes_possible`) by default: on a
     GPU, not in Triton's interpreter, whose runs then take the path a GPU of compute capability
     below 9.0 takes (tests ask for the lanes there by name)."""
-    return (capability is not None or not _interpreted(X)) and \
+    return (capability is not None or not _interpreted(X)) and not _column_read(X) and \
+        lanes_possible(X, scheme, values, hadamard, stochastic, capability)
+
+
+def column_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False,
+                         capability: tuple[int, int] | None = None) -> bool:
+    """Whether a column read of X is worked two rows a word (`lanes_possible`, its rows loaded in
+    pairs) by default: as `row_read_in_lanes` decides for rows. On the H200, bf16 read down the
+    columns of 8192 x 14336 (docs/kernels-notes.md, v66): MXFP4 codes 0.1265 → 0.0891 ms, MXFP6
+    E2M3 codes 0.1275 → 0.1231, MXFP6 E2M3 values 0.1484 → 0.1406, MXFP4 values 0.1443 → 0.1422,
+    MXFP8 values the same."""
+    return (capability is not None or not _interpreted(X)) and _column_read(X) and \
         lanes_possible(X, scheme, values, hadamard, stochastic, capability)
 
 
@@ -711,14 +764,18 @@ FP32_SCALE_ROW_TILE = (16, 128, 4)
 def tile_of(X: torch.Tensor, scheme: Scheme, values: bool = False, as_rows: bool = False,
             transposed: bool = False, lanes: bool = False) -> tuple[int, int, int | None]:
     """(rows, columns, warps) of the tile `quantize_rowblocks` quantizes X in by default, given its
-    layout choices (`column_read_as_rows`, `square_column_read_transposed`, `row_read_in_lanes`):
+    layout choices (`column_read_as_rows`, `square_column_read_transposed`, `row_read_in_lanes`,
+    `column_read_in_lanes`):
     `default_tile`; `FP32_SCALE_ROW_TILE` for the codes of 1 × bc fp32-scale blocks not laid out
-    as rows; `LANES_CODES_TILE` for codes worked two elements a word; a square-block tile is one
+    as rows; `LANES_CODES_TILE` for codes of a row read worked two elements a word,
+    `LANES_COLUMN_FP4_CODES_TILE` for FP4 codes of a column read so worked; a square-block tile is one
     block row, its warps None (the launch's `warps_for` its size) except 4 for fp32 read
     transposed."""
     br = scheme.block[0]
-    if lanes and not values:
+    if lanes and not values and not as_rows:
         return LANES_CODES_TILE
+    if lanes and not values and scheme.elem.bits == 4:
+        return LANES_COLUMN_FP4_CODES_TILE
     if br > 1:
         return br, default_tile()[1], 4 if transposed and X.element_size() == 4 else None
     if not values and rule_of(scheme) == "amax" and not as_rows:
@@ -731,6 +788,12 @@ def tile_of(X: torch.Tensor, scheme: Scheme, values: bool = False, as_rows: bool
 # on 8192 x 14336 and 8192 x 4096 (MXFP4 0.0979 → 0.0932 ms and 0.0309 → 0.0301, MXFP6 0.1211
 # → 0.1123 and 0.0370 → 0.0360 against `default_tile`'s; docs/kernels-notes.md, v65)
 LANES_CODES_TILE = (16, 256, 2)
+# FP4 codes of bf16 read down columns two rows a word: 64 × 128 elements, 4 warps, the fastest of
+# the same 31 tiles on the H200 for MXFP4 on 8192 x 14336 and 8192 x 4096 read down their
+# columns (0.1031 → 0.0895 ms and 0.0321 → 0.0297 against `default_tile`'s); for MXFP6 E2M3
+# `default_tile` was within 2% of the fastest, 64 × 128 at 4 warps 9–14% slower than it, so
+# FP6 keeps it (docs/kernels-notes.md, v66)
+LANES_COLUMN_FP4_CODES_TILE = (64, 128, 4)
 
 
 def warps_for(tile_r: int, tile_c: int) -> int:
@@ -765,7 +828,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     `square_column_read_transposed`; the same bits again).
     pairs: load a column read laid out as rows two rows at a time (default: `column_read_in_pairs`;
     the same bits again).
-    lanes: work a row read two elements a word (default: `row_read_in_lanes`; the same bits again).
+    lanes: work a row read two elements a word, or a column read laid out as rows two rows a word
+    (loaded in pairs) (default: `row_read_in_lanes`, `column_read_in_lanes`; the same bits again).
     tensor_amax: NVFP4's tensor amax (fp32, 0-d) where the caller has it already — that of X,
     or of its transform under `hadamard` (`two_amaxes`) — instead of a pass over X for it.
     """
@@ -787,13 +851,16 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         as_rows = column_read_as_rows(X, scheme, hadamard)
     if transposed is None:
         transposed = square_column_read_transposed(X, scheme, values)
+    stochastic = seed is not None
     if lanes is None:
-        lanes = row_read_in_lanes(X, scheme, values, hadamard, seed is not None)
-    elif lanes and not lanes_possible(X, scheme, values, hadamard, seed is not None):
-        raise ValueError("lanes: a bf16 row read on an NVIDIA GPU of compute capability 9.0 or later (or in Triton's "
-                         "interpreter), with an even number of columns, an even row stride and a start aligned to "
-                         "four bytes, of MX floating-point values or FP4/FP6 codes rounded to nearest, without a "
-                         "transform")
+        lanes = (row_read_in_lanes(X, scheme, values, hadamard, stochastic)
+                 or as_rows and pairs is not False and column_read_in_lanes(X, scheme, values, hadamard, stochastic))
+    elif lanes and not (lanes_possible(X, scheme, values, hadamard, stochastic)
+                        and (as_rows or not _column_read(X)) and pairs is not False):
+        raise ValueError("lanes: a bf16 row read (an even number of columns, an even row stride, a start aligned to "
+                         "four bytes) or column read laid out as rows and loaded in pairs (`pairs_possible`), on an "
+                         "NVIDIA GPU of compute capability 9.0 or later (or in Triton's interpreter), of MX "
+                         "floating-point values or FP4/FP6 codes rounded to nearest, without a transform")
     rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed, lanes)
     if br > 1:  # a square-block tile is one block row
         tile_r = br
@@ -829,8 +896,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         s_dec = torch.empty((), dtype=torch.float32, device=X.device)
     if X.numel() == 0:
         return finish(codes, elem), scales, s_dec
-    if pairs is None:
-        pairs = as_rows and column_read_in_pairs(X, scheme, tile_r)
+    if pairs is None:  # (a column read in lanes is loaded in pairs)
+        pairs = as_rows and (lanes or column_read_in_pairs(X, scheme, tile_r))
     elif pairs and not (as_rows and pairs_possible(X, tile_r)):
         raise ValueError("pairs: a bf16 or fp32 column read laid out as rows, with an even number of rows, an "
                          "even column stride and a start aligned to two elements, in tiles of an even number "
