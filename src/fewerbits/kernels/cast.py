@@ -282,7 +282,9 @@ def _nearest_lanes(w, f2, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr, 
     replaces. (EMULATED: the bf16x2 instructions emulated, `_bf16x2`.)"""
     MAX16: tl.constexpr = (((MAX_CODE >> M) - BIAS + 127) << 7) | ((MAX_CODE & ((1 << M) - 1)) << (7 - M))
     LANE: tl.constexpr = 65537  # a 16-bit constant times this is the constant in both lanes
-    a = _bf16x2(w, f2, "mul.rn.bf16x2", EMULATED) & 0x7FFF7FFF
+    # |x| · 2^−k, |x · 2^−k| as rounding to nearest is symmetric: from the |x| the caller's amax
+    # took already, not masked after the product (an ALU instruction a word: v67)
+    a = _bf16x2(w & 0x7FFF7FFF, f2, "mul.rn.bf16x2", EMULATED)
     a = _bf16x2(a, tl.full(a.shape, MAX16 * LANE, tl.int32), "min.bf16x2", EMULATED)
     c = _bf16x2(a & 0x7F807F80, tl.full(a.shape, ((EMIN + 127) << 7) * LANE, tl.int32), "max.u16x2", EMULATED)
     c = c + ((7 - M) << 7) * LANE

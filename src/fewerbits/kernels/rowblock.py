@@ -144,6 +144,24 @@ def _quotient(x, p, m, y):
 
 
 @triton.jit
+def _u16x2_max(a, b):
+    """`max.u16x2` of two words (two 16-bit lanes each, compared as unsigned integers)."""
+    return _bf16x2(a, b, "max.u16x2")
+
+
+@triton.jit
+def _lane_max(m, EMULATED: tl.constexpr):
+    """The largest of each 16-bit lane (unsigned) of a tile of words along its last axis, as a
+    word: by `max.u16x2`, one instruction for both lanes, in and across threads (splitting the
+    lanes first took about two integer instructions a word more, on the ALU pipe that bounds
+    FP4's codes on the H200: docs/kernels-notes.md, v67); EMULATED (Triton's interpreter, which
+    runs no PTX): each lane's own maximum."""
+    if EMULATED:
+        return tl.max(m & 0xFFFF, axis=2) | (tl.max((m >> 16) & 0xFFFF, axis=2) << 16)
+    return tl.reduce(m, 2, _u16x2_max)
+
+
+@triton.jit
 def _rows_of_lanes(t, TILE_R: tl.constexpr, NB: tl.constexpr):
     """The (TILE_R, NB) tile t of a pair read (PAIRS: the even rows, then the odd ones) as its
     even rows and its odd rows, (TILE_R / 2, NB) each: the words' low lanes' and high lanes'."""
@@ -293,13 +311,13 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         # order of rows (the even ones, then the odd ones)
         tl.static_assert(X_BF16 and AS_ROWS and AMAX_MODE == 0 and H_STAGES == 0 and not STOCHASTIC
                          and RULE >= 1 and RULE <= 4)
-        mag = w & 0x7FFF7FFF
-        low = tl.max(mag & 0xFFFF, axis=2) << 16
-        high = tl.max(mag, axis=2) & -65536
+        mag = _lane_max(w & 0x7FFF7FFF, LANES == 2)
+        low = mag << 16
+        high = mag & -65536
         amax = tl.reshape(tl.permute(tl.join(low, high), (2, 0, 1)), (TILE_R, NB)).to(tl.float32, bitcast=True)
     elif LANES:  # the larger |x| bit pattern of each word's two, widened to fp32's (NaN above inf)
-        mag = w & 0x7FFF7FFF
-        amax = (tl.max(tl.maximum(mag & 0xFFFF, mag >> 16), axis=2) << 16).to(tl.float32, bitcast=True)
+        mag = _lane_max(w & 0x7FFF7FFF, LANES == 2)
+        amax = (tl.maximum(mag & 0xFFFF, mag >> 16) << 16).to(tl.float32, bitcast=True)
     elif AMAX_MODE == 0:  # BR × BC blocks: reduced here, as the largest |x| bit pattern — for
         # non-negative floats the integer order is the float order, and every NaN pattern is
         # above inf's, so a NaN anywhere makes the block's amax a NaN, in one reduction
