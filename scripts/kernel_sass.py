@@ -17,7 +17,8 @@ a word where the library does so for that architecture, `rowblock.row_read_in_la
 column read two rows a word, `column_read_in_lanes`), the
 registers a thread, the
 shared memory, and the instructions that move the tile between layouts (STS/LDS through shared
-memory, BAR barriers, SHFL lane shuffles).
+memory, BAR barriers, SHFL lane shuffles); "ALU an element" counts those of the ALU pipe's kinds
+(`ALU`), the pipe that bounds FP4's codes on the H200.
 
 FP8 elements are rounded by the GPU's conversion where the target has one (from
 `cast.native_fp8_on`: sm_89 on), as the library does on such a GPU (`cast.native_fp8`).
@@ -61,6 +62,12 @@ POINTERS = {"x_ptr": "*i16", "seed_ptr": "*i64", "out_ptr": "*bf16", "scale_ptr"
             "elem_table": "*fp32"}
 FLOATS = {"elem_max", "rcp_max", "h_scale", "enc_numerator"}
 SHOWN = ("STS", "LDS", "BAR", "SHFL", "LDG", "STG")
+# Opcodes taken as the SM's ALU pipe's (integer and logic operations, comparisons, selects,
+# min/max, byte permutes): on the H200 that pipe, at half the issue rate, bounds FP4's codes
+# (docs/kernels-notes.md, v67). The split is a reading of the profile, not NVIDIA's table: IMAD
+# and the fp32, fp16 and bf16 arithmetic go to the FMA pipes and are not counted.
+ALU = frozenset({"LOP3", "SHF", "IADD3", "SEL", "FSEL", "ISETP", "FSETP", "PLOP3", "VIMNMX", "VIMNMX3", "FMNMX",
+                 "HMNMX2", "PRMT", "SGXT", "LEA", "P2R", "R2P", "VIADD", "MOV", "BMSK", "FLO", "POPC", "IABS"})
 
 
 def copied_first(scheme_name: str, hadamard: bool, along: str) -> bool:
@@ -165,9 +172,9 @@ def compile_codes_variant(scheme_name: str, x_dtype: torch.dtype, stochastic: bo
 
 def codes_table(schemes: list[str], arch: int) -> None:
     print(f"triton {triton.__version__}, sm_{arch}; one tile, codes out\n")
-    print("| scheme | input | rounding | read along | tile | SASS instructions | an element | registers | "
-          "shared bytes | " + " | ".join(SHOWN) + " |")
-    print("|---|---|---|---|---|--:|--:|--:|--:|" + "--:|" * len(SHOWN))
+    print("| scheme | input | rounding | read along | tile | SASS instructions | an element | ALU an element | "
+          "registers | shared bytes | " + " | ".join(SHOWN) + " |")
+    print("|---|---|---|---|---|--:|--:|--:|--:|--:|" + "--:|" * len(SHOWN))
     for name in schemes:
         for x_dtype in (torch.bfloat16, torch.float32):
             for along in ("rows", "cols"):
@@ -179,7 +186,8 @@ def codes_table(schemes: list[str], arch: int) -> None:
                     how += ", two elements a word" if lay["lanes"] else ""
                     print(f"| {name} | {str(x_dtype)[6:]} | {'SR' if stochastic else 'nearest'} | {along} | "
                           f"{lay['rows']} × {lay['cols']}{how}, {lay['warps']} warps | {n} | {n / per_thread:.1f} | "
-                          f"{regs} | {shared} | " + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)
+                          f"{alu(ops) / per_thread:.1f} | {regs} | {shared} | " + " | ".join(str(ops[k]) for k in SHOWN)
+                          + " |", flush=True)
 
 
 def _tool(name: str) -> str:
@@ -201,6 +209,11 @@ def sass_stats(kernel) -> tuple[int, collections.Counter, int, int]:
         kernel.metadata.shared
 
 
+def alu(ops: collections.Counter) -> int:
+    """How many of the counted instructions are of the ALU pipe's kinds (`ALU`)."""
+    return sum(n for op, n in ops.items() if op in ALU)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--schemes", nargs="+", default=None,
@@ -213,9 +226,9 @@ def main() -> None:
         return
     args.schemes = args.schemes or ["mxfp8_e4m3", "mxfp4", "nvfp4"]
     print(f"triton {triton.__version__}, sm_{args.arch}; one tile, bf16 input, values out\n")
-    print("| scheme | rounding | Hadamard | read along | tile | SASS instructions | an element | registers | shared bytes | "
-          + " | ".join(SHOWN) + " |")
-    print("|---|---|---|---|---|--:|--:|--:|--:|" + "--:|" * len(SHOWN))
+    print("| scheme | rounding | Hadamard | read along | tile | SASS instructions | an element | ALU an element | "
+          "registers | shared bytes | " + " | ".join(SHOWN) + " |")
+    print("|---|---|---|---|---|--:|--:|--:|--:|--:|" + "--:|" * len(SHOWN))
     for name in args.schemes:
         bc = get_scheme(name).block[1]
         for along in ("rows", "cols"):
@@ -228,7 +241,9 @@ def main() -> None:
                     per_thread = tr * tc // (32 * warps)  # elements a thread
                     print(f"| {name} | {'SR' if stochastic else 'nearest'} | {'yes' if hadamard else 'no'} | {along} | "
                           f"{tr} × {tc}{' as rows' if as_rows else ''}"
-                          f"{', rows of a transposed copy' if copied_first(name, hadamard, along) else ''} | {n} | {n / per_thread:.1f} | {regs} | {shared} | " + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)
+                          f"{', rows of a transposed copy' if copied_first(name, hadamard, along) else ''} | {n} | "
+                          f"{n / per_thread:.1f} | {alu(ops) / per_thread:.1f} | {regs} | {shared} | "
+                          + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)
 
 
 if __name__ == "__main__":
