@@ -615,7 +615,8 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
 
 @pytest.mark.parametrize("name, rule", [("mxfp4", "floor"), ("mxfp4", "rceil"), ("mxfp6_e2m3", "floor"),
                                         ("mxfp6_e3m2", "rceil"), ("mxfp8_e4m3", "rceil"), ("mxfp8_e5m2", "even"),
-                                        ("fp8_e4m3_1x128", "rceil")])  # fp32 scales, powers of two
+                                        ("fp8_e4m3_1x128", "rceil"),  # fp32 scales, powers of two
+                                        ("nvfp4", None)])  # E4M3 scales under a tensor scale
 def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, rule):
     """`rowblock.lanes_possible`: a bf16 row read of 1 × bc blocks with power-of-two scales (MX's
     E8M0, or fp32 under a power-of-two rule) can be worked two elements a 32-bit word
@@ -626,7 +627,9 @@ def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, r
     up by 2^127), bf16's largest values, blocks cut short by the matrix's end, in rows that are
     the even or the odd one of a word — and it is refused where it cannot run: odd columns (a
     column read: odd rows), a misaligned start, stochastic rounding, a transform, fp32, a column
-    read not loaded in pairs, FP8's codes."""
+    read not loaded in pairs, FP8's codes. NVFP4 (its products rounded to odd in bf16 first) takes
+    the lanes along rows when asked for them, not by default; and its tensor scale needs a
+    matrix without NaN or inf, so it also runs one without them."""
     from fewerbits.kernels import rowblock
 
     scheme = fb.get_scheme(name, rule)
@@ -644,12 +647,16 @@ def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, r
     codes_too = scheme.elem.bits in (4, 6)  # (FP8's codes: the GPU's conversion)
     xc = x.t().contiguous().t()  # x's values read down columns: a row of blocks is a column in memory
     xo = x.roll(-1, 0).t().contiguous().t()  # rows 6, 7, 8 as rows 5, 6, 7: in a word's other lane
+    finite = torch.from_numpy(hard_matrix(70, 200, seed=5, specials=False)).bfloat16().to(DEVICE)
+    finite[6:9] = x[6:9]
+    two_level = scheme.two_level  # NVFP4: row reads only, and not by default
     # FP6 codes a byte each, packed after; packed by the kernel (16 | C); column reads, of a slice too
-    for view in (x, x[:, :192], xc, xc[:, :192], xo, xc[2:]):
-        assert rowblock.lanes_possible(view, scheme, True) == possible
+    for view in (x, x[:, :192], xc, xc[:, :192], xo, xc[2:], finite):
+        can = possible and not (two_level and view.stride(0) == 1)
+        assert rowblock.lanes_possible(view, scheme, True) == can
         q = fb.quantize(view, scheme)
         ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
-        for lanes in (False, True) if possible else (False,):
+        for lanes in (False, True) if can else (False,):
             values, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, values=True, lanes=lanes)
             assert same_values(values, ref), lanes
             assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
@@ -657,12 +664,12 @@ def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, r
                 codes, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, lanes=lanes)
                 assert torch.equal(codes, q.data), lanes
                 assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
-    assert rowblock.row_read_in_lanes(x, scheme, True) == on_gpu  # the default
-    assert rowblock.row_read_in_lanes(x, scheme, True, capability=(9, 0))  # as compiled for the H200
+    assert rowblock.row_read_in_lanes(x, scheme, True) == (on_gpu and not two_level)  # the default
+    assert rowblock.row_read_in_lanes(x, scheme, True, capability=(9, 0)) != two_level  # as compiled for the H200
     assert not rowblock.row_read_in_lanes(x, scheme, True, capability=(8, 9))
     assert not rowblock.row_read_in_lanes(xc, scheme, True, capability=(9, 0))
-    assert rowblock.column_read_in_lanes(xc, scheme, True) == on_gpu
-    assert rowblock.column_read_in_lanes(xc, scheme, True, capability=(9, 0))
+    assert rowblock.column_read_in_lanes(xc, scheme, True) == (on_gpu and not two_level)
+    assert rowblock.column_read_in_lanes(xc, scheme, True, capability=(9, 0)) != two_level
     assert not rowblock.column_read_in_lanes(x, scheme, True, capability=(9, 0))
     for view in (xc[:69], xc[1:]):  # odd rows
         assert not rowblock.lanes_possible(view, scheme, True)

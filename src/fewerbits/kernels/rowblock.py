@@ -31,7 +31,8 @@ in one read, for the two operands made of one input or gradient.
 A bf16 row read of MX blocks rounded to nearest without a transform is worked two elements a
 32-bit word, as loaded, by the GPU's bf16x2 instructions (`lanes_possible`,
 `cast._nearest_lanes`; sm_90 on), and so is a column read loaded two rows a word, whose lanes
-are two rows' blocks: the same bits in fewer instructions.
+are two rows' blocks: the same bits in fewer instructions. NVFP4 along bf16 rows can take them
+too, asked for by name.
 """
 
 from __future__ import annotations
@@ -291,7 +292,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         # j of a block holds its columns 2j (low half) and 2j + 1, worked two at a time below by
         # the GPU's bf16x2 instructions (LANES 1) or, in Triton's interpreter, their emulation (2)
         tl.static_assert(X_BF16 and not AS_ROWS and BR == 1 and AMAX_MODE == 0 and H_STAGES == 0
-                         and not STOCHASTIC and RULE >= 1 and RULE <= 4)
+                         and not STOCHASTIC and RULE >= 1 and RULE <= 5)
         wcols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * (BC // 2))[None, :, None] + \
             tl.arange(0, BC // 2)[None, None, :]
         winside3 = (rows3 < R) & (wcols3 < C // 2)
@@ -377,6 +378,16 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         # takes code 0 (values: NaN) in every element, as below
         f2 = _in_both_lanes(factor)[:, :, None]
         finite = (scale == scale)[:, :, None]
+        if RULE == 5:  # NVFP4: factor is no power of two, so each element's product by it is made
+            # in fp32, as the reference makes it, and rounded to odd in bf16 (truncated, its last
+            # bit set where a dropped bit is): FP4's rounding to nearest of that bf16, eight
+            # significant bits against FP4's two, is that of the fp32 product; then the lanes as
+            # for MX, under a factor of 1 (docs/kernels-notes.md, v68)
+            v_lo = ((w << 16).to(tl.float32, bitcast=True) * factor[:, :, None]).to(tl.int32, bitcast=True)
+            v_hi = ((w & -65536).to(tl.float32, bitcast=True) * factor[:, :, None]).to(tl.int32, bitcast=True)
+            w = ((v_lo >> 16) & 0xFFFF) | (v_hi & -65536) | (((v_lo & 0xFFFF) + 0xFFFF) >> 16) | \
+                (((v_hi & 0xFFFF) + 0xFFFF) & 0x10000)
+            f2 = tl.full(w.shape, 0x3F803F80, tl.int32)  # 1.0 in both lanes
         if VALUES:
             elems = _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, False, LANES == 2)
             out = tl.where(finite, _bf16x2(elems, _in_both_lanes(scale)[:, :, None], "mul.rn.bf16x2", LANES == 2),
@@ -700,7 +711,8 @@ def lanes_possible(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None,
     number of columns: a word holds two neighbours of a block) or down columns two rows a word
     (`pairs_possible`: a word holds two rows' elements, so two blocks); in 1 × bc blocks with
     power-of-two scales (`Scheme.pow2`: E8M0, or fp32 under a power-of-two rule) of
-    floating-point elements with subnormals, rounded to nearest without a transform; their
+    floating-point elements with subnormals, or NVFP4's two-level scales along rows (each product
+    made in fp32 and rounded to odd in bf16 first), rounded to nearest without a transform; their
     values, or FP4 and FP6 codes."""
     elem = scheme.elem
     if capability is None and _interpreted(X):
@@ -709,9 +721,9 @@ def lanes_possible(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None,
         capability = capability or _capability(X.device)
         device = capability is not None and tuple(capability) >= LANES_CAPABILITY
     rows = X.dim() == 2 and X.stride(1) == 1 and X.stride(0) % 2 == 0 and X.shape[1] % 2 == 0 and X.data_ptr() % 4 == 0
-    return (device and X.dtype == torch.bfloat16 and (rows or pairs_possible(X, 2))
+    return (device and X.dtype == torch.bfloat16 and (rows or pairs_possible(X, 2) and not scheme.two_level)
             and scheme.block[0] == 1 and scheme.block[1] % 2 == 0
-            and scheme.pow2 and not scheme.two_level and not elem.is_integer
+            and (scheme.pow2 or scheme.two_level) and not elem.is_integer
             and elem.emin == 1 - elem.bias and hadamard is None and not stochastic and (values or elem.bits in (4, 6)))
 
 
@@ -719,8 +731,9 @@ def row_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=No
                       capability: tuple[int, int] | None = None) -> bool:
     """Whether a row read of X is worked two elements a word (`lanes_possible`) by default: on a
     GPU, not in Triton's interpreter, whose runs then take the path a GPU of compute capability
-    below 9.0 takes (tests ask for the lanes there by name)."""
-    return (capability is not None or not _interpreted(X)) and not _column_read(X) and \
+    below 9.0 takes (tests ask for the lanes there by name); not NVFP4, whose lanes have not
+    been timed on a GPU (docs/kernels-notes.md, v68: asked for by name, `lanes=True`)."""
+    return (capability is not None or not _interpreted(X)) and not _column_read(X) and not scheme.two_level and \
         lanes_possible(X, scheme, values, hadamard, stochastic, capability)
 
 
