@@ -256,6 +256,13 @@ def _lane_op(x, y, OP: tl.constexpr):
 
 
 @triton.jit
+def _two_lanes(low, high):
+    """fp32 low and high that bf16 holds exactly (their low 16 bits 0), as the two bf16 halves of
+    an int32 word, low in the low half."""
+    return ((low.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (high.to(tl.int32, bitcast=True) & -65536)
+
+
+@triton.jit
 def _in_both_lanes(v):
     """fp32 v that bf16 holds exactly (its low 16 bits 0), as bf16 in both halves of an int32 word."""
     half = (v.to(tl.int32, bitcast=True) >> 16) & 0xFFFF

@@ -48,7 +48,8 @@ from ..quantize import check_amax
 from ..scaling import two_level_tensor_scales
 from ..schemes import Scheme
 from .cast import (_bf16x2, _capability, _encode_store, _in_both_lanes, _nearest_lanes, _nearest_magnitude,
-                   _round_codes, _round_values, _seed_noise, _store_codes, _to_bf16, cdiv, format_constants)
+                   _round_codes, _round_values, _seed_noise, _store_codes, _to_bf16, _two_lanes, cdiv,
+                   format_constants)
 
 RULES = {"amax": 0, "floor": 1, "ceil": 2, "even": 3, "rceil": 4, "two_level": 5}
 
@@ -358,12 +359,11 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         # then split into the tile's rows, the even ones first, and stored
         f_low, f_high = _rows_of_lanes(factor, TILE_R, NB)
         s_low, s_high = _rows_of_lanes(scale, TILE_R, NB)
-        f2 = (((f_low.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (f_high.to(tl.int32, bitcast=True) & -65536))
+        f2 = _two_lanes(f_low, f_high)
         keep = (tl.where(s_low == s_low, 0xFFFF, 0) | tl.where(s_high == s_high, -65536, 0))[:, :, None]
         if VALUES:
             elems = _nearest_lanes(w, f2[:, :, None], E, M, BIAS, EMIN, MAX_CODE, False, LANES == 2)
-            s2 = ((s_low.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (s_high.to(tl.int32, bitcast=True) & -65536)
-            out = _bf16x2(elems, s2[:, :, None], "mul.rn.bf16x2", LANES == 2)
+            out = _bf16x2(elems, _two_lanes(s_low, s_high)[:, :, None], "mul.rn.bf16x2", LANES == 2)
             out = (out & keep) | (0x7FC07FC0 & ~keep)
             out = tl.reshape(tl.permute(tl.join(out & 0xFFFF, (out >> 16) & 0xFFFF), (3, 0, 1, 2)), (TILE_R, NB, BC))
             tl.store(out_ptr.to(tl.pointer_type(tl.int16)) + rows3 * sor + cols3, out.to(tl.int16), mask=inside3)
@@ -376,18 +376,17 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
     elif LANES:  # two elements a word (`_nearest_lanes`), by the block's 2^−k and 2^k as bf16 —
         # exact, 2^−127 a bf16 subnormal — in both halves of a word; a block whose scale is NaN
         # takes code 0 (values: NaN) in every element, as below
-        f2 = _in_both_lanes(factor)[:, :, None]
+        # (NVFP4 makes its products in fp32 below, then takes the lanes under a factor of 1.0)
+        f2 = tl.full(w.shape, 0x3F803F80, tl.int32) if RULE == 5 else _in_both_lanes(factor)[:, :, None]
         finite = (scale == scale)[:, :, None]
         if RULE == 5:  # NVFP4: factor is no power of two, so each element's product by it is made
             # in fp32, as the reference makes it, and rounded to odd in bf16 (truncated, its last
             # bit set where a dropped bit is): FP4's rounding to nearest of that bf16, eight
-            # significant bits against FP4's two, is that of the fp32 product; then the lanes as
-            # for MX, under a factor of 1 (docs/kernels-notes.md, v68)
+            # significant bits against FP4's two, is that of the fp32 product (docs/kernels-notes.md, v68)
             v_lo = ((w << 16).to(tl.float32, bitcast=True) * factor[:, :, None]).to(tl.int32, bitcast=True)
             v_hi = ((w & -65536).to(tl.float32, bitcast=True) * factor[:, :, None]).to(tl.int32, bitcast=True)
             w = ((v_lo >> 16) & 0xFFFF) | (v_hi & -65536) | (((v_lo & 0xFFFF) + 0xFFFF) >> 16) | \
                 (((v_hi & 0xFFFF) + 0xFFFF) & 0x10000)
-            f2 = tl.full(w.shape, 0x3F803F80, tl.int32)  # 1.0 in both lanes
         if VALUES:
             elems = _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, False, LANES == 2)
             out = tl.where(finite, _bf16x2(elems, _in_both_lanes(scale)[:, :, None], "mul.rn.bf16x2", LANES == 2),
@@ -721,7 +720,7 @@ def lanes_possible(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None,
         capability = capability or _capability(X.device)
         device = capability is not None and tuple(capability) >= LANES_CAPABILITY
     rows = X.dim() == 2 and X.stride(1) == 1 and X.stride(0) % 2 == 0 and X.shape[1] % 2 == 0 and X.data_ptr() % 4 == 0
-    return (device and X.dtype == torch.bfloat16 and (rows or pairs_possible(X, 2) and not scheme.two_level)
+    return (device and X.dtype == torch.bfloat16 and (rows or (pairs_possible(X, 2) and not scheme.two_level))
             and scheme.block[0] == 1 and scheme.block[1] % 2 == 0
             and (scheme.pow2 or scheme.two_level) and not elem.is_integer
             and elem.emin == 1 - elem.bias and hadamard is None and not stochastic and (values or elem.bits in (4, 6)))
