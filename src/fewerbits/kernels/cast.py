@@ -265,8 +265,7 @@ def _two_lanes(low, high):
 @triton.jit
 def _in_both_lanes(v):
     """fp32 v that bf16 holds exactly (its low 16 bits 0), as bf16 in both halves of an int32 word."""
-    half = (v.to(tl.int32, bitcast=True) >> 16) & 0xFFFF
-    return half | (half << 16)
+    return _two_lanes(v, v)
 
 
 @triton.jit

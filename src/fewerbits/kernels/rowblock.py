@@ -890,7 +890,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         raise ValueError("lanes: a bf16 row read (an even number of columns, an even row stride, a start aligned to "
                          "four bytes) or column read laid out as rows and loaded in pairs (`pairs_possible`), on an "
                          "NVIDIA GPU of compute capability 9.0 or later (or in Triton's interpreter), of MX "
-                         "floating-point values or FP4/FP6 codes rounded to nearest, without a transform")
+                         "floating-point (or NVFP4, read along rows) values or FP4/FP6 codes rounded to nearest, "
+                         "without a transform")
     rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed, lanes)
     if br > 1:  # a square-block tile is one block row
         tile_r = br
