@@ -78,29 +78,33 @@ def copied_first(scheme_name: str, hadamard: bool, along: str) -> bool:
     return along == "cols" and rowblock.column_read_transposed_first(torch.empty(128, 16).t(), s, True, h)
 
 
-def tile(scheme_name: str, hadamard: bool, along: str) -> tuple[bool, int, int, int]:
-    """(as_rows, tile rows, tile columns, warps) as the library picks them for the values of
-    a (large) matrix read along rows or columns."""
+def tile(scheme_name: str, hadamard: bool, along: str, stochastic: bool = False,
+         arch: int = 90) -> tuple[bool, int, int, int, bool, bool]:
+    """(as_rows, tile rows, tile columns, warps, lanes, whole) as the library picks them for the
+    values of a (large) bf16 matrix read along rows or columns, compiled for sm_`arch`."""
     s = get_scheme(scheme_name)
     if copied_first(scheme_name, hadamard, along):
         along = "rows"
-    view = torch.empty(16, 128) if along == "rows" else torch.empty(128, 16).t()
-    as_rows = rowblock.column_read_as_rows(view, s, Hadamard(s.block[1]) if hadamard else None)
-    rows, cols, warps = rowblock.default_tile()
-    return as_rows, rows, cols, warps
+    view = torch.empty(16, 128, dtype=torch.bfloat16)
+    view = view if along == "rows" else view.t()
+    h = Hadamard(s.block[1]) if hadamard else None
+    as_rows = rowblock.column_read_as_rows(view, s, h)
+    capability = divmod(arch, 10)
+    lanes = (rowblock.row_read_in_lanes(view, s, True, h, stochastic, capability) if along == "rows" else
+             as_rows and rowblock.column_read_in_lanes(view, s, True, h, stochastic, capability))
+    whole = lanes and rowblock.row_read_whole(view, s, True)
+    rows, cols, warps = rowblock.tile_of(view, s, True, as_rows, False, lanes, whole)
+    return as_rows, rows, cols, warps, lanes, whole
 
 
 def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: str, arch: int):
     """The compiled kernel of one variant: along "rows" (unit column stride) or "cols"."""
     s = get_scheme(scheme_name)
     elem, bc = s.elem, s.block[1]
-    as_rows, tile_r, tile_c, warps = tile(scheme_name, hadamard, along)
+    as_rows, tile_r, tile_c, warps, lanes, whole = tile(scheme_name, hadamard, along, stochastic, arch)
     if copied_first(scheme_name, hadamard, along):
         along = "rows"
     view = torch.empty(16, 128, dtype=torch.bfloat16)
-    h = Hadamard(bc) if hadamard else None
-    lanes = (rowblock.row_read_in_lanes(view, s, True, h, stochastic, divmod(arch, 10)) if along == "rows" else
-             as_rows and rowblock.column_read_in_lanes(view.t(), s, True, h, stochastic, divmod(arch, 10)))
     constants = dict(
         BC=bc, TILE_R=tile_r, TILE_C=tile_c, AS_ROWS=as_rows, RULE=rowblock.RULES["two_level" if s.two_level else s.scale_rule],
         KMIN=s.scale_fmt.emin, KMAX=s.scale_fmt.emax, EMAX_ELEM=elem.emax, STOCHASTIC=stochastic,
@@ -109,7 +113,7 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
         FP64_QUOTIENT=False, CODES_3D=False, TRANSPOSED=False,  # (fp32-scale codes only)
         NATIVE_BF16=True,  # the GPU's bf16 conversion, as the library launches it on a GPU
         PAIRS=as_rows and (lanes or rowblock.column_read_in_pairs(view.t(), s, tile_r)),
-        LANES=int(lanes),
+        LANES=int(lanes), WHOLE=whole,
         **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     constants["sxc" if along == "rows" else "sxr"] = 1  # as Triton specializes a stride of 1
     return _compile(constants, POINTERS, arch, warps)
@@ -140,11 +144,12 @@ def codes_layout(scheme_name: str, x_dtype: torch.dtype, along: str, stochastic:
     transposed = rowblock.square_column_read_transposed(view, s)
     lanes = (rowblock.row_read_in_lanes(view, s, False, None, stochastic, divmod(arch, 10))
              or as_rows and rowblock.column_read_in_lanes(view, s, False, None, stochastic, divmod(arch, 10)))
-    rows, cols, warps = rowblock.tile_of(view, s, False, as_rows, transposed, lanes)
+    whole = lanes and rowblock.row_read_whole(view, s, False)
+    rows, cols, warps = rowblock.tile_of(view, s, False, as_rows, transposed, lanes, whole)
     fp64 = rowblock.rule_of(s) == "amax" and rowblock.fp64_quotient(view, as_rows)
     pairs = as_rows and (lanes or rowblock.column_read_in_pairs(view, s, rows))
     return dict(as_rows=as_rows, transposed=transposed, rows=rows, cols=cols,
-                warps=warps or rowblock.warps_for(rows, cols), fp64=fp64, pairs=pairs, lanes=lanes)
+                warps=warps or rowblock.warps_for(rows, cols), fp64=fp64, pairs=pairs, lanes=lanes, whole=whole)
 
 
 def compile_codes_variant(scheme_name: str, x_dtype: torch.dtype, stochastic: bool, along: str, arch: int):
@@ -160,7 +165,7 @@ def compile_codes_variant(scheme_name: str, x_dtype: torch.dtype, stochastic: bo
         PACK=2 if elem.bits == 4 else 3 if words else 1, SCALE_CODES=s.scale_fmt.bits <= 8, AMAX_MODE=0,
         X_BF16=x_dtype == torch.bfloat16, BR=br, VALUES=False, MAX_VALUE=float(elem.max), H_STAGES=0,
         H_SPLIT=False, FP64_QUOTIENT=lay["fp64"], CODES_3D=rule == "amax", TRANSPOSED=lay["transposed"],
-        PAIRS=lay["pairs"], LANES=int(lay["lanes"]),
+        PAIRS=lay["pairs"], LANES=int(lay["lanes"]), WHOLE=lay["whole"],
         **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     # the unit stride Triton specializes: a column read's rows, unless the kernel reads the transpose
     constants["sxc" if along == "rows" or lay["transposed"] else "sxr"] = 1
@@ -184,6 +189,7 @@ def codes_table(schemes: list[str], arch: int) -> None:
                     per_thread = lay["rows"] * lay["cols"] // (32 * lay["warps"])
                     how = " as rows" if lay["as_rows"] else ", the transpose's rows" if lay["transposed"] else ""
                     how += ", two elements a word" if lay["lanes"] else ""
+                    how += ", whole blocks a thread" if lay["whole"] else ""
                     print(f"| {name} | {str(x_dtype)[6:]} | {'SR' if stochastic else 'nearest'} | {along} | "
                           f"{lay['rows']} × {lay['cols']}{how}, {lay['warps']} warps | {n} | {n / per_thread:.1f} | "
                           f"{alu(ops) / per_thread:.1f} | {regs} | {shared} | " + " | ".join(str(ops[k]) for k in SHOWN)
@@ -237,10 +243,11 @@ def main() -> None:
                     if hadamard and bc not in (16, 32):  # the recipes' transforms: 32 (mxfp4), 16 (nvfp4)
                         continue
                     n, ops, regs, shared = sass_stats(compile_variant(name, stochastic, hadamard, along, args.arch))
-                    as_rows, tr, tc, warps = tile(name, hadamard, along)
+                    as_rows, tr, tc, warps, lanes, whole = tile(name, hadamard, along, stochastic, args.arch)
                     per_thread = tr * tc // (32 * warps)  # elements a thread
                     print(f"| {name} | {'SR' if stochastic else 'nearest'} | {'yes' if hadamard else 'no'} | {along} | "
-                          f"{tr} × {tc}{' as rows' if as_rows else ''}"
+                          f"{tr} × {tc}{' as rows' if as_rows else ''}{', two elements a word' if lanes else ''}"
+                          f"{', whole blocks a thread' if whole else ''}"
                           f"{', rows of a transposed copy' if copied_first(name, hadamard, along) else ''} | {n} | "
                           f"{n / per_thread:.1f} | {alu(ops) / per_thread:.1f} | {regs} | {shared} | "
                           + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)

@@ -628,8 +628,9 @@ def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, r
     the even or the odd one of a word — and it is refused where it cannot run: odd columns (a
     column read: odd rows), a misaligned start, stochastic rounding, a transform, fp32, a column
     read not loaded in pairs, FP8's codes. NVFP4 (its products rounded to odd in bf16 first) takes
-    the lanes along rows when asked for them, not by default; and its tensor scale needs a
-    matrix without NaN or inf, so it also runs one without them."""
+    the lanes along rows; its tensor scale needs a matrix without NaN or inf, so it also runs one
+    without them. A row read in lanes with whole blocks a thread (`whole`: values and FP4 codes)
+    gives the same bits, and is refused elsewhere."""
     from fewerbits.kernels import rowblock
 
     scheme = fb.get_scheme(name, rule)
@@ -649,23 +650,29 @@ def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, r
     xo = x.roll(-1, 0).t().contiguous().t()  # rows 6, 7, 8 as rows 5, 6, 7: in a word's other lane
     finite = torch.from_numpy(hard_matrix(70, 200, seed=5, specials=False)).bfloat16().to(DEVICE)
     finite[6:9] = x[6:9]
-    two_level = scheme.two_level  # NVFP4: row reads only, and not by default
+    two_level = scheme.two_level  # NVFP4: row reads only
     # FP6 codes a byte each, packed after; packed by the kernel (16 | C); column reads, of a slice too
     for view in (x, x[:, :192], xc, xc[:, :192], xo, xc[2:], finite):
         can = possible and not (two_level and view.stride(0) == 1)
         assert rowblock.lanes_possible(view, scheme, True) == can
         q = fb.quantize(view, scheme)
         ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
-        for lanes in (False, True) if can else (False,):
-            values, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, values=True, lanes=lanes)
-            assert same_values(values, ref), lanes
+        row_read = view.stride(1) == 1
+        for lanes, whole in ((False, False), (True, False), (True, True)) if can else ((False, False),):
+            if whole and not row_read:
+                continue
+            values, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, values=True, lanes=lanes, whole=whole)
+            assert same_values(values, ref), (lanes, whole)
             assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
-            if codes_too:
-                codes, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, lanes=lanes)
-                assert torch.equal(codes, q.data), lanes
+            if codes_too and not (whole and scheme.elem.bits != 4):
+                codes, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, lanes=lanes, whole=whole)
+                assert torch.equal(codes, q.data), (lanes, whole)
                 assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
-    assert rowblock.row_read_in_lanes(x, scheme, True) == (on_gpu and not two_level)  # the default
-    assert rowblock.row_read_in_lanes(x, scheme, True, capability=(9, 0)) != two_level  # as compiled for the H200
+        if can and row_read and codes_too and scheme.elem.bits != 4:
+            with pytest.raises(ValueError, match="whole"):  # FP6 codes: not with whole blocks
+                rowblock.quantize_rowblocks(view, scheme, None, lanes=True, whole=True)
+    assert rowblock.row_read_in_lanes(x, scheme, True) == on_gpu  # the default
+    assert rowblock.row_read_in_lanes(x, scheme, True, capability=(9, 0))  # as compiled for the H200
     assert not rowblock.row_read_in_lanes(x, scheme, True, capability=(8, 9))
     assert not rowblock.row_read_in_lanes(xc, scheme, True, capability=(9, 0))
     assert rowblock.column_read_in_lanes(xc, scheme, True) == (on_gpu and not two_level)
@@ -673,6 +680,9 @@ def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, r
     assert not rowblock.column_read_in_lanes(x, scheme, True, capability=(9, 0))
     for view in (xc[:69], xc[1:]):  # odd rows
         assert not rowblock.lanes_possible(view, scheme, True)
+    for view, lanes in ((x, False), (xc, None)):  # whole blocks: a row read, in lanes
+        with pytest.raises(ValueError, match="whole"):
+            rowblock.quantize_rowblocks(view, scheme, None, values=True, lanes=lanes, whole=True)
     with pytest.raises(ValueError, match="lanes"):  # a column read in lanes is loaded in pairs
         rowblock.quantize_rowblocks(xc, scheme, None, values=True, lanes=True, pairs=False)
     assert rowblock.lanes_possible(x, scheme, False) == (possible and codes_too)

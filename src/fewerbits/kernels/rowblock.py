@@ -152,15 +152,15 @@ def _u16x2_max(a, b):
 
 
 @triton.jit
-def _lane_max(m, EMULATED: tl.constexpr):
-    """The largest of each 16-bit lane (unsigned) of a tile of words along its last axis, as a
+def _lane_max(m, EMULATED: tl.constexpr, AXIS: tl.constexpr = 2):
+    """The largest of each 16-bit lane (unsigned) of a tile of words along its axis AXIS, as a
     word: by `max.u16x2`, one instruction for both lanes, in and across threads (splitting the
     lanes first took about two integer instructions a word more, on the ALU pipe that bounds
     FP4's codes on the H200: docs/kernels-notes.md, v67); EMULATED (Triton's interpreter, which
     runs no PTX): each lane's own maximum."""
     if EMULATED:
-        return tl.max(m & 0xFFFF, axis=2) | (tl.max((m >> 16) & 0xFFFF, axis=2) << 16)
-    return tl.reduce(m, 2, _u16x2_max)
+        return tl.max(m & 0xFFFF, axis=AXIS) | (tl.max((m >> 16) & 0xFFFF, axis=AXIS) << 16)
+    return tl.reduce(m, AXIS, _u16x2_max)
 
 
 @triton.jit
@@ -249,7 +249,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                      NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False, FP64_QUOTIENT: tl.constexpr = False,
                      CODES_3D: tl.constexpr = False, TRANSPOSED: tl.constexpr = False,
                      NATIVE_BF16: tl.constexpr = False, PAIRS: tl.constexpr = False,
-                     LANES: tl.constexpr = 0):
+                     LANES: tl.constexpr = 0, WHOLE: tl.constexpr = False):
     # TRANSPOSED: x is the transpose T of the matrix quantized, whose square blocks are T's
     # blocks transposed (`square_column_read_transposed`); codes, scales and noise are placed
     # by that matrix's coordinates, (column, row) of T
@@ -296,8 +296,19 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                          and not STOCHASTIC and RULE >= 1 and RULE <= 5)
         wcols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * (BC // 2))[None, :, None] + \
             tl.arange(0, BC // 2)[None, None, :]
-        winside3 = (rows3 < R) & (wcols3 < C // 2)
-        w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + rows3 * (sxr // 2) + wcols3, mask=winside3, other=0)
+        wrows = rows3
+        if WHOLE:  # the tile as (NB, TILE_R, K, 4) words, piece k of a block its words 4k … 4k + 3
+            # (16 bytes, one load): Triton lays the K pieces out in the same thread (each one more
+            # load of its 16 bytes) and spreads the blocks, then the rows, over a warp's threads, so
+            # a thread holds whole blocks, whose amaxes, scales and factors it makes alone, once
+            # (`row_read_whole`)
+            tl.static_assert(BC % 8 == 0 and (VALUES or PACK == 2))
+            K: tl.constexpr = BC // 8
+            wcols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * (BC // 2))[:, None, None, None] + \
+                (4 * tl.arange(0, K))[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]
+            wrows = rows[None, :, None, None]
+        winside3 = (wrows < R) & (wcols3 < C // 2)
+        w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + wrows * (sxr // 2) + wcols3, mask=winside3, other=0)
     else:
         offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
         x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
@@ -318,7 +329,10 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         high = mag & -65536
         amax = tl.reshape(tl.permute(tl.join(low, high), (2, 0, 1)), (TILE_R, NB)).to(tl.float32, bitcast=True)
     elif LANES:  # the larger |x| bit pattern of each word's two, widened to fp32's (NaN above inf)
-        mag = _lane_max(w & 0x7FFF7FFF, LANES == 2)
+        if WHOLE:  # a piece's words, then the pieces, all in the thread; as (TILE_R, NB)
+            mag = tl.trans(_lane_max(_lane_max(w & 0x7FFF7FFF, LANES == 2, 3), LANES == 2, 2))
+        else:
+            mag = _lane_max(w & 0x7FFF7FFF, LANES == 2)
         amax = (tl.maximum(mag & 0xFFFF, mag >> 16) << 16).to(tl.float32, bitcast=True)
     elif AMAX_MODE == 0:  # BR × BC blocks: reduced here, as the largest |x| bit pattern — for
         # non-negative floats the integer order is the float order, and every NaN pattern is
@@ -377,21 +391,26 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         # exact, 2^−127 a bf16 subnormal — in both halves of a word; a block whose scale is NaN
         # takes code 0 (values: NaN) in every element, as below
         # (NVFP4 makes its products in fp32 below, then takes the lanes under a factor of 1.0)
-        f2 = tl.full(w.shape, 0x3F803F80, tl.int32) if RULE == 5 else _in_both_lanes(factor)[:, :, None]
-        finite = (scale == scale)[:, :, None]
+        f_w, s_w = factor[:, :, None], scale[:, :, None]  # broadcast over the words of a block
+        if WHOLE:
+            f_w, s_w = tl.trans(factor)[:, :, None, None], tl.trans(scale)[:, :, None, None]
+        f2 = tl.full(w.shape, 0x3F803F80, tl.int32) if RULE == 5 else _in_both_lanes(f_w)
+        finite = s_w == s_w
         if RULE == 5:  # NVFP4: factor is no power of two, so each element's product by it is made
             # in fp32, as the reference makes it, and rounded to odd in bf16 (truncated, its last
             # bit set where a dropped bit is): FP4's rounding to nearest of that bf16, eight
             # significant bits against FP4's two, is that of the fp32 product (docs/kernels-notes.md, v68)
-            v_lo = ((w << 16).to(tl.float32, bitcast=True) * factor[:, :, None]).to(tl.int32, bitcast=True)
-            v_hi = ((w & -65536).to(tl.float32, bitcast=True) * factor[:, :, None]).to(tl.int32, bitcast=True)
+            v_lo = ((w << 16).to(tl.float32, bitcast=True) * f_w).to(tl.int32, bitcast=True)
+            v_hi = ((w & -65536).to(tl.float32, bitcast=True) * f_w).to(tl.int32, bitcast=True)
             w = ((v_lo >> 16) & 0xFFFF) | (v_hi & -65536) | (((v_lo & 0xFFFF) + 0xFFFF) >> 16) | \
                 (((v_hi & 0xFFFF) + 0xFFFF) & 0x10000)
         if VALUES:
             elems = _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, False, LANES == 2)
-            out = tl.where(finite, _bf16x2(elems, _in_both_lanes(scale)[:, :, None], "mul.rn.bf16x2", LANES == 2),
-                           0x7FC07FC0)
-            tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + rows3 * (sor // 2) + wcols3, out, mask=winside3)
+            out = tl.where(finite, _bf16x2(elems, _in_both_lanes(s_w), "mul.rn.bf16x2", LANES == 2), 0x7FC07FC0)
+            tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + wrows * (sor // 2) + wcols3, out, mask=winside3)
+        elif WHOLE:  # FP4: word j's two codes are packed byte j of the row, stored from the tile
+            code = tl.where(finite, _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, True, LANES == 2), 0)
+            tl.store(out_ptr + wrows * sor + wcols3, ((code | (code >> 12)) & 0xFF).to(tl.uint8), mask=winside3)
         else:
             # the codes back in the tile's order, then stored as `_encode_store` stores them
             code = tl.where(finite, _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, True, LANES == 2), 0)
@@ -730,10 +749,23 @@ def row_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=No
                       capability: tuple[int, int] | None = None) -> bool:
     """Whether a row read of X is worked two elements a word (`lanes_possible`) by default: on a
     GPU, not in Triton's interpreter, whose runs then take the path a GPU of compute capability
-    below 9.0 takes (tests ask for the lanes there by name); not NVFP4, whose lanes have not
-    been timed on a GPU (docs/kernels-notes.md, v68: asked for by name, `lanes=True`)."""
-    return (capability is not None or not _interpreted(X)) and not _column_read(X) and not scheme.two_level and \
+    below 9.0 takes (tests ask for the lanes there by name). On the H200, bf16 8192 x 14336 read
+    along rows (docs/kernels-notes.md, v68): NVFP4 codes 0.1316 → 0.1150 ms with the tensor amax
+    given, 0.1935 → 0.1775 with its pass; NVFP4 values the same (0.1455 ms either way)."""
+    return (capability is not None or not _interpreted(X)) and not _column_read(X) and \
         lanes_possible(X, scheme, values, hadamard, stochastic, capability)
+
+
+def row_read_whole(X: torch.Tensor, scheme: Scheme, values: bool) -> bool:
+    """Whether a row read worked two elements a word (`row_read_in_lanes`) loads each block as
+    pieces of 16 bytes, one load each, so that a thread holds whole blocks (WHOLE): a block's
+    amax, scale and factor are then made by one thread, once, where a block spread over two
+    (NVFP4) or four (MX) threads had each of them make it, after shuffles. Possible for values
+    and FP4 codes; the default for FP4's codes and NVFP4's values. On the H200, bf16 8192 x 14336
+    read along rows (docs/kernels-notes.md, v69): MXFP4 codes 0.0879 → 0.0773 ms (`WHOLE_TILES`),
+    NVFP4 codes 0.1154 → 0.1006, NVFP4 values 0.1468 → 0.1332; MXFP4 values slower (0.1338 →
+    0.1385 in their fastest tile), so MX values keep a block over four threads."""
+    return not _column_read(X) and (scheme.elem.bits == 4 and not values or scheme.two_level and values)
 
 
 def column_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False,
@@ -791,17 +823,28 @@ def default_tile() -> tuple[int, int, int]:
 FP32_SCALE_ROW_TILE = (16, 128, 4)
 
 
+# A row read in lanes with whole blocks a thread (`row_read_whole`), by (bc, values): the fastest
+# tile of 18 timed on the H200 for bf16 8192 x 14336 (docs/kernels-notes.md, v69): MXFP4 codes
+# 8 x 256 at 2 warps (a block a thread; 16 x 256 at 4 warps within 1%), NVFP4 codes 16 x 256 at 2
+# warps (four blocks a thread; 8 x 256 at 1 warp the same), NVFP4 values 8 x 256 at 4 warps
+# (MX values, not whole by default, take `default_tile` when asked for whole blocks)
+WHOLE_TILES = {(32, False): (8, 256, 2), (16, False): (16, 256, 2), (16, True): (8, 256, 4)}
+
+
 def tile_of(X: torch.Tensor, scheme: Scheme, values: bool = False, as_rows: bool = False,
-            transposed: bool = False, lanes: bool = False) -> tuple[int, int, int | None]:
+            transposed: bool = False, lanes: bool = False, whole: bool = False) -> tuple[int, int, int | None]:
     """(rows, columns, warps) of the tile `quantize_rowblocks` quantizes X in by default, given its
     layout choices (`column_read_as_rows`, `square_column_read_transposed`, `row_read_in_lanes`,
-    `column_read_in_lanes`):
-    `default_tile`; `FP32_SCALE_ROW_TILE` for the codes of 1 × bc fp32-scale blocks not laid out
-    as rows; `LANES_CODES_TILE` for codes of a row read worked two elements a word,
-    `LANES_COLUMN_FP4_CODES_TILE` for FP4 codes of a column read so worked; a square-block tile is one
-    block row, its warps None (the launch's `warps_for` its size) except 4 for fp32 read
+    `column_read_in_lanes`, `row_read_whole`):
+    `WHOLE_TILES` for a row read with whole blocks a thread; `default_tile`;
+    `FP32_SCALE_ROW_TILE` for the codes of 1 × bc fp32-scale blocks not laid out as rows;
+    `LANES_CODES_TILE` for codes of a row read worked two elements a word,
+    `LANES_COLUMN_FP4_CODES_TILE` for FP4 codes of a column read so worked; a square-block tile is
+    one block row, its warps None (the launch's `warps_for` its size) except 4 for fp32 read
     transposed."""
     br = scheme.block[0]
+    if whole:
+        return WHOLE_TILES.get((scheme.block[1], values), default_tile())
     if lanes and not values and not as_rows:
         return LANES_CODES_TILE
     if lanes and not values and scheme.elem.bits == 4:
@@ -836,7 +879,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                        num_warps: int | None = None, as_rows: bool | None = None,
                        transpose_first: bool | None = None, tensor_amax: torch.Tensor | None = None,
                        fp64: bool | None = None, transposed: bool | None = None, pairs: bool | None = None,
-                       lanes: bool | None = None):
+                       lanes: bool | None = None, whole: bool | None = None):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Codes and scales are stored as QuantizedTensor stores them: codes packed (fp4 two a byte,
@@ -860,6 +903,8 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     the same bits again).
     lanes: work a row read two elements a word, or a column read laid out as rows two rows a word
     (loaded in pairs) (default: `row_read_in_lanes`, `column_read_in_lanes`; the same bits again).
+    whole: a row read in lanes with whole blocks in each thread (default: `row_read_whole`; the
+    same bits again).
     tensor_amax: NVFP4's tensor amax (fp32, 0-d) where the caller has it already — that of X,
     or of its transform under `hadamard` (`two_amaxes`) — instead of a pass over X for it.
     """
@@ -892,7 +937,11 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                          "NVIDIA GPU of compute capability 9.0 or later (or in Triton's interpreter), of MX "
                          "floating-point (or NVFP4, read along rows) values or FP4/FP6 codes rounded to nearest, "
                          "without a transform")
-    rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed, lanes)
+    if whole is None:
+        whole = lanes and row_read_whole(X, scheme, values)
+    elif whole and not (lanes and not _column_read(X) and (values or elem.bits == 4)):
+        raise ValueError("whole: a row read worked two elements a word (lanes), of values or FP4 codes")
+    rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed, lanes, whole)
     if br > 1:  # a square-block tile is one block row
         tile_r = br
     tile_r, tile_c, num_warps = tile_r or rows, tile_c or cols, num_warps or warps
@@ -935,20 +984,20 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                          "of rows")
     _launch(X, seed, codes.view(torch.int32) if words else codes, scales, scheme, rule_of(scheme), tensor_amax,
             scales, bc, 0, scale_codes, tile_r, tile_c, br, values, hadamard, s_dec, num_warps, as_rows, fp64,
-            transposed, pairs, lanes)
+            transposed, pairs, lanes, whole)
     return finish(codes, elem), scales, s_dec
 
 
 def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax, bc: int, amax_mode: int,
             scale_codes: bool, tile_r: int, tile_c: int, br: int = 1, values: bool = False, hadamard=None,
             s_dec=None, num_warps: int | None = None, as_rows: bool = False, fp64: bool | None = None,
-            transposed: bool = False, pairs: bool = False, lanes: bool = False) -> None:
+            transposed: bool = False, pairs: bool = False, lanes: bool = False, whole: bool = False) -> None:
     """One launch of the kernel over X (R, C); `tensor_amax` (and `s_dec`, written) only by the
     two-level rule, `amax` only by the amax modes; fp64: the quotient by the fp64 reciprocal
     (default: `fp64_quotient`); transposed: X's square blocks read from X.t()
     (`square_column_read_transposed`), the launch over X.t() with X's codes and scales; pairs:
     `column_read_in_pairs`; lanes: two elements a word (`lanes_possible`, emulated in Triton's
-    interpreter)."""
+    interpreter); whole: a row read in lanes with whole blocks a thread (`row_read_whole`)."""
     if transposed:
         X = X.t()
     R, C = X.shape
@@ -974,7 +1023,7 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         # codes packed four at a time, which the 2D store made slower there); MX blocks were 0–2%
         # slower with it, so they keep the 2D store (docs/kernels-notes.md, v56 and v57)
         CODES_3D=rule == "amax", TRANSPOSED=transposed, NATIVE_BF16=values and not _interpreted(X), PAIRS=pairs,
-        LANES=(2 if _interpreted(X) else 1) if lanes else 0,
+        LANES=(2 if _interpreted(X) else 1) if lanes else 0, WHOLE=whole,
         **constants,
     )
 
