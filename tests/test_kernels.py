@@ -629,8 +629,8 @@ def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, r
     column read: odd rows), a misaligned start, stochastic rounding, a transform, fp32, a column
     read not loaded in pairs, FP8's codes. NVFP4 (its products rounded to odd in bf16 first) takes
     the lanes along rows; its tensor scale needs a matrix without NaN or inf, so it also runs one
-    without them. A row read in lanes with whole blocks a thread (`whole`: values and FP4 codes)
-    gives the same bits, and is refused elsewhere."""
+    without them. A row read in lanes with whole blocks a thread (`whole`: values, FP4 codes and
+    the FP6 codes of rows a multiple of 16 long) gives the same bits, and is refused elsewhere."""
     from fewerbits.kernels import rowblock
 
     scheme = fb.get_scheme(name, rule)
@@ -658,18 +658,19 @@ def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, r
         q = fb.quantize(view, scheme)
         ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
         row_read = view.stride(1) == 1
+        whole_codes = scheme.elem.bits == 4 or scheme.block[1] == 32 and view.shape[1] % 16 == 0  # FP6: packed words
         for lanes, whole in ((False, False), (True, False), (True, True)) if can else ((False, False),):
             if whole and not row_read:
                 continue
             values, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, values=True, lanes=lanes, whole=whole)
             assert same_values(values, ref), (lanes, whole)
             assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
-            if codes_too and not (whole and scheme.elem.bits != 4):
+            if codes_too and not (whole and not whole_codes):
                 codes, scales, _ = rowblock.quantize_rowblocks(view, scheme, None, lanes=lanes, whole=whole)
                 assert torch.equal(codes, q.data), (lanes, whole)
                 assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8))
-        if can and row_read and codes_too and scheme.elem.bits != 4:
-            with pytest.raises(ValueError, match="whole"):  # FP6 codes: not with whole blocks
+        if can and row_read and codes_too and not whole_codes:
+            with pytest.raises(ValueError, match="whole"):  # FP6 codes of a row not in words
                 rowblock.quantize_rowblocks(view, scheme, None, lanes=True, whole=True)
     assert rowblock.row_read_in_lanes(x, scheme, True) == on_gpu  # the default
     assert rowblock.row_read_in_lanes(x, scheme, True, capability=(9, 0))  # as compiled for the H200

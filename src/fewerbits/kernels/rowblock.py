@@ -31,8 +31,10 @@ in one read, for the two operands made of one input or gradient.
 A bf16 row read of MX blocks rounded to nearest without a transform is worked two elements a
 32-bit word, as loaded, by the GPU's bf16x2 instructions (`lanes_possible`,
 `cast._nearest_lanes`; sm_90 on), and so is a column read loaded two rows a word, whose lanes
-are two rows' blocks: the same bits in fewer instructions. NVFP4 along bf16 rows can take them
-too, asked for by name.
+are two rows' blocks: the same bits in fewer instructions. NVFP4 along bf16 rows takes them
+too, each product made in fp32 and rounded to odd in bf16 first. Along rows, FP4's codes and
+NVFP4's values are loaded 16 bytes at a time as pieces of whole blocks, so that each thread
+holds whole blocks and makes their scales alone (`row_read_whole`).
 """
 
 from __future__ import annotations
@@ -161,6 +163,37 @@ def _lane_max(m, EMULATED: tl.constexpr, AXIS: tl.constexpr = 2):
     if EMULATED:
         return tl.max(m & 0xFFFF, axis=AXIS) | (tl.max((m >> 16) & 0xFFFF, axis=AXIS) << 16)
     return tl.reduce(m, AXIS, _u16x2_max)
+
+
+@triton.jit
+def _fp6_bits(c, s):
+    """Code bits c placed at bit s of a 32-bit word: c << s for s in [0, 32) (bits past 31
+    dropped), c >> −s for s in (−6, 0) (the high bits of a code that began in the word before),
+    else 0."""
+    left = tl.where((s >= 0) & (s < 32), c << tl.minimum(tl.maximum(s, 0), 31), 0)
+    return left | tl.where((s < 0) & (s > -6), c >> tl.minimum(tl.maximum(-s, 0), 31), 0)
+
+
+@triton.jit
+def _store_fp6_blocks(code, out_ptr, rows, blocks, R, CP, sor, K: tl.constexpr):
+    """Store the FP6 codes of whole 1 × 32 blocks, an (NB, TILE_R, K, 4) tile of words of two
+    codes each (block, row, piece k, word j: codes 8k + 2j and 8k + 2j + 1 of the block, in the
+    low and high lanes), as `codes.pack` packs them: code c of a block at bits 6c … 6c + 5 of its
+    24 bytes, six little-endian words from word 6 · block of the row (out_ptr: int32, sor and CP
+    the row stride and length in words). Word t of a block is a sum over its codes of their bits
+    in it (disjoint, so a sum is an OR), made within the thread that holds the block and put at
+    the tile's place 4k + j = t, so that nothing changes layout; rows (1, TILE_R, 1, 1) and
+    blocks (NB,) index the tile."""
+    place = 4 * tl.arange(0, K)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]
+    low = code & 0x3F
+    high = (code >> 16) & 0x3F
+    words = tl.zeros_like(code)
+    for t in tl.static_range(6):
+        at = 12 * place - 32 * t  # where the word's low code starts in word t
+        word = tl.sum(tl.sum(_fp6_bits(low, at) | _fp6_bits(high, at + 6), axis=3), axis=2)
+        words = tl.where(place == t, word[:, :, None, None], words)
+    cols = (6 * blocks)[:, None, None, None] + place
+    tl.store(out_ptr + rows * sor + cols, words, mask=(rows < R) & (place < 6) & (cols < CP))
 
 
 @triton.jit
@@ -302,7 +335,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
             # load of its 16 bytes) and spreads the blocks, then the rows, over a warp's threads, so
             # a thread holds whole blocks, whose amaxes, scales and factors it makes alone, once
             # (`row_read_whole`)
-            tl.static_assert(BC % 8 == 0 and (VALUES or PACK == 2))
+            tl.static_assert(BC % 8 == 0 and (VALUES or PACK == 2 or (PACK == 3 and BC == 32)))
             K: tl.constexpr = BC // 8
             wcols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * (BC // 2))[:, None, None, None] + \
                 (4 * tl.arange(0, K))[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]
@@ -408,9 +441,13 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
             elems = _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, False, LANES == 2)
             out = tl.where(finite, _bf16x2(elems, _in_both_lanes(s_w), "mul.rn.bf16x2", LANES == 2), 0x7FC07FC0)
             tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + wrows * (sor // 2) + wcols3, out, mask=winside3)
-        elif WHOLE:  # FP4: word j's two codes are packed byte j of the row, stored from the tile
+        elif WHOLE and PACK == 2:  # FP4: word j's two codes are packed byte j of the row, stored from the tile
             code = tl.where(finite, _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, True, LANES == 2), 0)
             tl.store(out_ptr + wrows * sor + wcols3, ((code | (code >> 12)) & 0xFF).to(tl.uint8), mask=winside3)
+        elif WHOLE:  # FP6, blocks of 32: a block's codes are six packed words, made in the thread
+            code = tl.where(finite, _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, True, LANES == 2), 0)
+            _store_fp6_blocks(code, out_ptr, rows[None, :, None, None], tl.program_id(1) * NB + tl.arange(0, NB), R, CP,
+                              sor, K)
         else:
             # the codes back in the tile's order, then stored as `_encode_store` stores them
             code = tl.where(finite, _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, True, LANES == 2), 0)
@@ -760,12 +797,15 @@ def row_read_whole(X: torch.Tensor, scheme: Scheme, values: bool) -> bool:
     """Whether a row read worked two elements a word (`row_read_in_lanes`) loads each block as
     pieces of 16 bytes, one load each, so that a thread holds whole blocks (WHOLE): a block's
     amax, scale and factor are then made by one thread, once, where a block spread over two
-    (NVFP4) or four (MX) threads had each of them make it, after shuffles. Possible for values
-    and FP4 codes; the default for FP4's codes and NVFP4's values. On the H200, bf16 8192 x 14336
-    read along rows (docs/kernels-notes.md, v69): MXFP4 codes 0.0879 → 0.0773 ms (`WHOLE_TILES`),
-    NVFP4 codes 0.1154 → 0.1006, NVFP4 values 0.1468 → 0.1332; MXFP4 values slower (0.1338 →
-    0.1385 in their fastest tile), so MX values keep a block over four threads."""
-    return not _column_read(X) and (scheme.elem.bits == 4 and not values or scheme.two_level and values)
+    (NVFP4) or four (MX) threads had each of them make it, after shuffles. Possible for values,
+    FP4 codes and the FP6 codes of 1 × 32 blocks along rows of a multiple of 16 elements, packed
+    by the thread (`_store_fp6_blocks`); the default for those codes and NVFP4's values. On the
+    H200, bf16 8192 x 14336 read along rows (docs/kernels-notes.md, v69, v70; `WHOLE_TILES`):
+    MXFP4 codes 0.0879 → 0.0773 ms, MXFP6 E2M3 codes 0.1139 → 0.0890, NVFP4 codes 0.1154 →
+    0.1006, NVFP4 values 0.1468 → 0.1332; MXFP4 values slower (0.1338 → 0.1385 in their fastest
+    tile), so MX values keep a block over four threads."""
+    fp6 = scheme.elem.bits == 6 and scheme.block[1] == 32 and X.shape[-1] % 16 == 0
+    return not _column_read(X) and ((scheme.elem.bits == 4 or fp6) and not values or scheme.two_level and values)
 
 
 def column_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False,
@@ -824,10 +864,10 @@ FP32_SCALE_ROW_TILE = (16, 128, 4)
 
 
 # A row read in lanes with whole blocks a thread (`row_read_whole`), by (bc, values): the fastest
-# tile of 18 timed on the H200 for bf16 8192 x 14336 (docs/kernels-notes.md, v69): MXFP4 codes
-# 8 x 256 at 2 warps (a block a thread; 16 x 256 at 4 warps within 1%), NVFP4 codes 16 x 256 at 2
-# warps (four blocks a thread; 8 x 256 at 1 warp the same), NVFP4 values 8 x 256 at 4 warps
-# (MX values, not whole by default, take `default_tile` when asked for whole blocks)
+# tile of 18 timed on the H200 for bf16 8192 x 14336 (docs/kernels-notes.md, v69, v70): MX codes
+# 8 x 256 at 2 warps (a block a thread; for MXFP4 16 x 256 at 4 warps within 1%), NVFP4 codes
+# 16 x 256 at 2 warps (four blocks a thread; 8 x 256 at 1 warp the same), NVFP4 values 8 x 256
+# at 4 warps (MX values, not whole by default, take `default_tile` when asked for whole blocks)
 WHOLE_TILES = {(32, False): (8, 256, 2), (16, False): (16, 256, 2), (16, True): (8, 256, 4)}
 
 
@@ -939,8 +979,10 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                          "without a transform")
     if whole is None:
         whole = lanes and row_read_whole(X, scheme, values)
-    elif whole and not (lanes and not _column_read(X) and (values or elem.bits == 4)):
-        raise ValueError("whole: a row read worked two elements a word (lanes), of values or FP4 codes")
+    elif whole and not (lanes and not _column_read(X) and (values or elem.bits == 4 or
+                                                          elem.bits == 6 and bc == 32 and C % 16 == 0)):
+        raise ValueError("whole: a row read worked two elements a word (lanes), of values, FP4 codes or the FP6 "
+                         "codes of 1 x 32 blocks over a multiple of 16 columns")
     rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed, lanes, whole)
     if br > 1:  # a square-block tile is one block row
         tile_r = br
