@@ -5,7 +5,7 @@
 For each shape (bf16, standard normal, read along rows, or with --axis 0 down its columns, as
 the transposed view) and scheme it times `rowblock.quantize_rowblocks` with the default layout
 choices (two elements a word where `rowblock.row_read_in_lanes` or `column_read_in_lanes`
-holds) in every tile of 8–64 rows, 64–256 columns and 2–8 warps
+holds, whole blocks a thread where `row_read_whole` does) in every tile of 8–64 rows, 64–256 columns and 2–8 warps
 that gives a thread 4 to 64 elements: milliseconds of the kernel replayed as a CUDA graph
 (`bench_kernels.graph_ms`, the median of three timings), as a share of the copy rate (the input
 read once, codes and scales written once, against a device-to-device copy of the input). Each

@@ -32,9 +32,9 @@ A bf16 row read of MX blocks rounded to nearest without a transform is worked tw
 32-bit word, as loaded, by the GPU's bf16x2 instructions (`lanes_possible`,
 `cast._nearest_lanes`; sm_90 on), and so is a column read loaded two rows a word, whose lanes
 are two rows' blocks: the same bits in fewer instructions. NVFP4 along bf16 rows takes them
-too, each product made in fp32 and rounded to odd in bf16 first. Along rows, FP4's codes and
-NVFP4's values are loaded 16 bytes at a time as pieces of whole blocks, so that each thread
-holds whole blocks and makes their scales alone (`row_read_whole`).
+too, each product made in fp32 and rounded to odd in bf16 first. Along rows, FP4's and FP6's
+codes and NVFP4's values are loaded 16 bytes at a time as pieces of whole blocks, so that each
+thread holds whole blocks, makes their scales alone and packs their codes (`row_read_whole`).
 """
 
 from __future__ import annotations
