@@ -681,6 +681,11 @@ def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, r
     assert not rowblock.column_read_in_lanes(x, scheme, True, capability=(9, 0))
     for view in (xc[:69], xc[1:]):  # odd rows
         assert not rowblock.lanes_possible(view, scheme, True)
+    # whole blocks by default: FP4 codes, FP6 codes of rows in packed words, NVFP4 values; no column read
+    assert rowblock.row_read_whole(x[:, :192], scheme, False) == (scheme.elem.bits in (4, 6))
+    assert rowblock.row_read_whole(x, scheme, False) == (scheme.elem.bits == 4)  # 200 columns: FP6 in bytes
+    assert rowblock.row_read_whole(x, scheme, True) == two_level
+    assert not rowblock.row_read_whole(xc, scheme, False)
     for view, lanes in ((x, False), (xc, None)):  # whole blocks: a row read, in lanes
         with pytest.raises(ValueError, match="whole"):
             rowblock.quantize_rowblocks(view, scheme, None, values=True, lanes=lanes, whole=True)

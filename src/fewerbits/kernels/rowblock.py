@@ -804,7 +804,7 @@ def row_read_whole(X: torch.Tensor, scheme: Scheme, values: bool) -> bool:
     MXFP4 codes 0.0879 → 0.0773 ms, MXFP6 E2M3 codes 0.1139 → 0.0890, NVFP4 codes 0.1154 →
     0.1006, NVFP4 values 0.1468 → 0.1332; MXFP4 values slower (0.1338 → 0.1385 in their fastest
     tile), so MX values keep a block over four threads."""
-    fp6 = scheme.elem.bits == 6 and scheme.block[1] == 32 and X.shape[-1] % 16 == 0
+    fp6 = scheme.elem.bits == 6 and scheme.block[1] == 32 and X.shape[1] % 16 == 0
     return not _column_read(X) and ((scheme.elem.bits == 4 or fp6) and not values or scheme.two_level and values)
 
 
