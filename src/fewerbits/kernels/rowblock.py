@@ -864,7 +864,7 @@ FP32_SCALE_ROW_TILE = (16, 128, 4)
 
 
 # A row read in lanes with whole blocks a thread (`row_read_whole`), by (bc, values): the fastest
-# tile of 18 timed on the H200 for bf16 8192 x 14336 (docs/kernels-notes.md, v69, v70): MX codes
+# tile of 17 timed on the H200 for bf16 8192 x 14336 (docs/kernels-notes.md, v69, v70): MX codes
 # 8 x 256 at 2 warps (a block a thread; for MXFP4 16 x 256 at 4 warps within 1%), NVFP4 codes
 # 16 x 256 at 2 warps (four blocks a thread; 8 x 256 at 1 warp the same), NVFP4 values 8 x 256
 # at 4 warps (MX values, not whole by default, take `default_tile` when asked for whole blocks)
