@@ -327,7 +327,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         # the GPU's bf16x2 instructions (LANES 1) or, in Triton's interpreter, their emulation (2)
         tl.static_assert(X_BF16 and not AS_ROWS and BR == 1 and AMAX_MODE == 0 and H_STAGES == 0
                          and not STOCHASTIC and RULE >= 1 and RULE <= 5)
-        wcols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * (BC // 2))[None, :, None] + \
+        wcols = ((tl.program_id(1) * NB + tl.arange(0, NB)) * (BC // 2))[None, :, None] + \
             tl.arange(0, BC // 2)[None, None, :]
         wrows = rows3
         if WHOLE:  # the tile as (NB, TILE_R, K, 4) words, piece k of a block its words 4k … 4k + 3
@@ -337,11 +337,11 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
             # (`row_read_whole`)
             tl.static_assert(BC % 8 == 0 and (VALUES or PACK == 2 or (PACK == 3 and BC == 32)))
             K: tl.constexpr = BC // 8
-            wcols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * (BC // 2))[:, None, None, None] + \
+            wcols = ((tl.program_id(1) * NB + tl.arange(0, NB)) * (BC // 2))[:, None, None, None] + \
                 (4 * tl.arange(0, K))[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]
             wrows = rows[None, :, None, None]
-        winside3 = (wrows < R) & (wcols3 < C // 2)
-        w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + wrows * (sxr // 2) + wcols3, mask=winside3, other=0)
+        winside = (wrows < R) & (wcols < C // 2)
+        w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + wrows * (sxr // 2) + wcols, mask=winside, other=0)
     else:
         offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
         x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
@@ -440,21 +440,18 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         if VALUES:
             elems = _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, False, LANES == 2)
             out = tl.where(finite, _bf16x2(elems, _in_both_lanes(s_w), "mul.rn.bf16x2", LANES == 2), 0x7FC07FC0)
-            tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + wrows * (sor // 2) + wcols3, out, mask=winside3)
-        elif WHOLE and PACK == 2:  # FP4: word j's two codes are packed byte j of the row, stored from the tile
-            code = tl.where(finite, _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, True, LANES == 2), 0)
-            tl.store(out_ptr + wrows * sor + wcols3, ((code | (code >> 12)) & 0xFF).to(tl.uint8), mask=winside3)
-        elif WHOLE:  # FP6, blocks of 32: a block's codes are six packed words, made in the thread
-            code = tl.where(finite, _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, True, LANES == 2), 0)
-            _store_fp6_blocks(code, out_ptr, rows[None, :, None, None], tl.program_id(1) * NB + tl.arange(0, NB), R, CP,
-                              sor, K)
+            tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + wrows * (sor // 2) + wcols, out, mask=winside)
         else:
-            # the codes back in the tile's order, then stored as `_encode_store` stores them
             code = tl.where(finite, _nearest_lanes(w, f2, E, M, BIAS, EMIN, MAX_CODE, True, LANES == 2), 0)
-            code = tl.reshape(tl.join(code & 0xFFFF, code >> 16), (TILE_R, TILE_C))
-            cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
-            _store_codes(code, out_ptr, rows, cols, (rows < R)[:, None] & (cols < C)[None, :], R, CP, sor,
-                         TILE_R, TILE_C, PACK)
+            if WHOLE and PACK == 2:  # FP4: word j's two codes are packed byte j of the row, stored from the tile
+                tl.store(out_ptr + wrows * sor + wcols, ((code | (code >> 12)) & 0xFF).to(tl.uint8), mask=winside)
+            elif WHOLE:  # FP6, blocks of 32: a block's codes are six packed words, made in the thread
+                _store_fp6_blocks(code, out_ptr, wrows, tl.program_id(1) * NB + tl.arange(0, NB), R, CP, sor, K)
+            else:  # the codes back in the tile's order, then stored as `_encode_store` stores them
+                code = tl.reshape(tl.join(code & 0xFFFF, code >> 16), (TILE_R, TILE_C))
+                cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
+                _store_codes(code, out_ptr, rows, cols, (rows < R)[:, None] & (cols < C)[None, :], R, CP, sor,
+                             TILE_R, TILE_C, PACK)
     else:
         f = factor[:, :, None]
         if RULE == 0 and TILE_R * NB == 1:  # an fp32 scale, one block a program (the one-read rows):
@@ -793,19 +790,25 @@ def row_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=No
         lanes_possible(X, scheme, values, hadamard, stochastic, capability)
 
 
+def whole_possible(X: torch.Tensor, scheme: Scheme, values: bool) -> bool:
+    """Whether a row read of X worked two elements a word (`lanes_possible`) can hold whole blocks
+    a thread (`row_read_whole`): its values, FP4 codes, or the FP6 codes of 1 × 32 blocks along
+    rows of a multiple of 16 elements (packed as words by the thread, `_store_fp6_blocks`)."""
+    fp6 = scheme.elem.bits == 6 and scheme.block[1] == 32 and X.shape[1] % 16 == 0
+    return not _column_read(X) and (values or scheme.elem.bits == 4 or fp6)
+
+
 def row_read_whole(X: torch.Tensor, scheme: Scheme, values: bool) -> bool:
     """Whether a row read worked two elements a word (`row_read_in_lanes`) loads each block as
     pieces of 16 bytes, one load each, so that a thread holds whole blocks (WHOLE): a block's
     amax, scale and factor are then made by one thread, once, where a block spread over two
-    (NVFP4) or four (MX) threads had each of them make it, after shuffles. Possible for values,
-    FP4 codes and the FP6 codes of 1 × 32 blocks along rows of a multiple of 16 elements, packed
-    by the thread (`_store_fp6_blocks`); the default for those codes and NVFP4's values. On the
-    H200, bf16 8192 x 14336 read along rows (docs/kernels-notes.md, v69, v70; `WHOLE_TILES`):
-    MXFP4 codes 0.0879 → 0.0773 ms, MXFP6 E2M3 codes 0.1139 → 0.0890, NVFP4 codes 0.1154 →
-    0.1006, NVFP4 values 0.1468 → 0.1332; MXFP4 values slower (0.1338 → 0.1385 in their fastest
-    tile), so MX values keep a block over four threads."""
-    fp6 = scheme.elem.bits == 6 and scheme.block[1] == 32 and X.shape[1] % 16 == 0
-    return not _column_read(X) and ((scheme.elem.bits == 4 or fp6) and not values or scheme.two_level and values)
+    (NVFP4) or four (MX) threads had each of them make it, after shuffles. Where `whole_possible`,
+    the default for the codes and for NVFP4's values. On the H200, bf16 8192 x 14336 read along
+    rows (docs/kernels-notes.md, v69, v70; `WHOLE_TILES`): MXFP4 codes 0.0879 → 0.0773 ms, MXFP6
+    E2M3 codes 0.1139 → 0.0890, NVFP4 codes 0.1154 → 0.1006, NVFP4 values 0.1468 → 0.1332; MXFP4
+    values slower (0.1338 → 0.1385 in their fastest tile), so MX values keep a block over four
+    threads."""
+    return whole_possible(X, scheme, values) and (not values or scheme.two_level)
 
 
 def column_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False,
@@ -979,8 +982,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                          "without a transform")
     if whole is None:
         whole = lanes and row_read_whole(X, scheme, values)
-    elif whole and not (lanes and not _column_read(X) and (values or elem.bits == 4 or
-                                                          elem.bits == 6 and bc == 32 and C % 16 == 0)):
+    elif whole and not (lanes and whole_possible(X, scheme, values)):
         raise ValueError("whole: a row read worked two elements a word (lanes), of values, FP4 codes or the FP6 "
                          "codes of 1 x 32 blocks over a multiple of 16 columns")
     rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed, lanes, whole)
