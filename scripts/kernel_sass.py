@@ -92,7 +92,8 @@ def tile(scheme_name: str, hadamard: bool, along: str, stochastic: bool = False,
     capability = divmod(arch, 10)
     lanes = (rowblock.row_read_in_lanes(view, s, True, h, stochastic, capability) if along == "rows" else
              as_rows and rowblock.column_read_in_lanes(view, s, True, h, stochastic, capability))
-    whole = lanes and rowblock.row_read_whole(view, s, True)
+    whole = (rowblock.row_read_whole(view, s, True) if lanes else
+             not as_rows and rowblock.row_read_whole_fp32(view, s, True, h, stochastic))
     rows, cols, warps = rowblock.tile_of(view, s, True, as_rows, False, lanes, whole)
     return as_rows, rows, cols, warps, lanes, whole
 

@@ -613,6 +613,50 @@ def test_a_column_read_gives_the_reference_values_in_either_layout(name, monkeyp
     assert same_values(values, ref)
 
 
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp6_e3m2"])
+def test_whole_blocks_a_thread_in_an_fp32_tile_give_the_reference_values(name):
+    """`rowblock.whole_fp32_possible`: a row read of the values of 1 × bc blocks with power-of-two
+    or two-level scales can hold whole blocks a thread in an fp32 tile (WHOLE without lanes),
+    the Hadamard transform's stages and the block's amax and scale made in the thread. Its
+    values and scales are the reference's and those of the kernel without it — nearest and
+    stochastic rounding, with and without the recipes' transform, bf16 and fp32, NaN/inf/zero/
+    subnormal blocks, rows that do not fill a tile, a last block cut short, tiles other than the
+    default — and it is refused where it cannot run: a column read, codes, fp32 scales by the
+    amax rule. By default: bf16 values rounded stochastically, and NVFP4's under a transform."""
+    from fewerbits.kernels import rowblock
+    from fewerbits.rounding import draw_seed
+
+    scheme = fb.get_scheme(name)
+    bc = scheme.block[1]
+    x = torch.from_numpy(hard_matrix(37, 200, seed=9, specials=True)).to(DEVICE)
+    x[7, :bc] = -0.0
+    for t in (x, x.bfloat16()):
+        for rounding in ("nearest", "stochastic"):
+            for h in (None, fb.Hadamard(bc, seed=3)) if bc in (16, 32) else (None,):
+                X = t if h is None else t[:, :192]  # (a transform: whole blocks)
+                gen = lambda: torch.Generator(device=DEVICE).manual_seed(5)  # noqa: E731
+                seed = draw_seed(X.device, gen()) if rounding == "stochastic" else None
+                q = fb.quantize(X if h is None else h.transform(X, dim=-1), scheme, rounding=rounding, generator=gen())
+                ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
+                for whole, tile in ((False, {}), (True, {}), (True, dict(tile_r=8, tile_c=256, num_warps=2))):
+                    values, scales, ts = rowblock.quantize_rowblocks(X, scheme, seed, values=True, hadamard=h,
+                                                                     lanes=False, whole=whole, **tile)
+                    case = (t.dtype, rounding, h is not None, whole, tile)
+                    assert same_values(values, ref), case
+                    assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8)), case
+                    assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale), case
+                stochastic = seed is not None
+                assert rowblock.row_read_whole_fp32(X, scheme, True, h, stochastic) == (
+                    t.dtype == torch.bfloat16 and (stochastic or (h is not None and scheme.two_level)))
+    b = x.bfloat16()
+    assert rowblock.whole_fp32_possible(b, scheme, True) and rowblock.whole_fp32_possible(x, scheme, True)
+    for view, s, values in ((b.t(), scheme, True), (b, scheme, False), (b, fb.get_scheme("fp8_e4m3_1x128"), True)):
+        assert not rowblock.whole_fp32_possible(view, s, values)
+        with pytest.raises(ValueError, match="whole"):
+            rowblock.quantize_rowblocks(view, s, None, values=values, lanes=False, whole=True)
+    assert rowblock.tile_of(b, scheme, True, whole=True) == rowblock.WHOLE_FP32_TILES[bc]
+
+
 @pytest.mark.parametrize("name, rule", [("mxfp4", "floor"), ("mxfp4", "rceil"), ("mxfp6_e2m3", "floor"),
                                         ("mxfp6_e3m2", "rceil"), ("mxfp8_e4m3", "rceil"), ("mxfp8_e5m2", "even"),
                                         ("fp8_e4m3_1x128", "rceil"),  # fp32 scales, powers of two
@@ -686,9 +730,10 @@ def test_a_bf16_read_worked_two_elements_a_word_gives_the_reference_bits(name, r
     assert rowblock.row_read_whole(x, scheme, False) == (scheme.elem.bits == 4)  # 200 columns: FP6 in bytes
     assert rowblock.row_read_whole(x, scheme, True) == two_level
     assert not rowblock.row_read_whole(xc, scheme, False)
-    for view, lanes in ((x, False), (xc, None)):  # whole blocks: a row read, in lanes
+    # whole blocks: a row read, in lanes (or, for values, in an fp32 tile: `whole_fp32_possible`)
+    for view, lanes, values in ((x, False, False), (xc, None, True)):
         with pytest.raises(ValueError, match="whole"):
-            rowblock.quantize_rowblocks(view, scheme, None, values=True, lanes=lanes, whole=True)
+            rowblock.quantize_rowblocks(view, scheme, None, values=values, lanes=lanes, whole=True)
     with pytest.raises(ValueError, match="lanes"):  # a column read in lanes is loaded in pairs
         rowblock.quantize_rowblocks(xc, scheme, None, values=True, lanes=True, pairs=False)
     assert rowblock.lanes_possible(x, scheme, False) == (possible and codes_too)
@@ -751,9 +796,15 @@ def same_values(values, ref) -> bool:
 
 @triton.jit
 def _butterfly(x_ptr, out_ptr, signs_ptr, h_scale, BC: tl.constexpr, STAGES: tl.constexpr, BY_SPLIT: tl.constexpr):
-    """The kernels' transform of a (4, BC) fp32 matrix's rows, as a (2, 2, BC) tile."""
+    """The kernels' transform of a (4, BC) fp32 matrix's rows, as a (2, 2, BC) tile and as a
+    (2, 2, BC // 8, 8) one (the tile of whole blocks a thread, a block in pieces of 8)."""
     i = (tl.arange(0, 2)[:, None, None] * 2 + tl.arange(0, 2)[None, :, None]) * BC + tl.arange(0, BC)[None, None, :]
-    tl.store(out_ptr + i, _hadamard_blocks(tl.load(x_ptr + i), signs_ptr, h_scale, 2, 2, BC, STAGES, BY_SPLIT))
+    signs = tl.load(signs_ptr + tl.arange(0, BC))[None, None, :]
+    tl.store(out_ptr + i, _hadamard_blocks(tl.load(x_ptr + i), signs, h_scale, 4, BC, STAGES, BY_SPLIT))
+    piece = (8 * tl.arange(0, BC // 8))[None, None, :, None] + tl.arange(0, 8)[None, None, None, :]
+    j = (tl.arange(0, 2)[:, None, None, None] * 2 + tl.arange(0, 2)[None, :, None, None]) * BC + piece
+    tl.store(out_ptr + 4 * BC + j, _hadamard_blocks(tl.load(x_ptr + j), tl.load(signs_ptr + piece), h_scale, 4, BC,
+                                                    STAGES, BY_SPLIT))
 
 
 @triton.jit
@@ -937,12 +988,13 @@ def test_both_forms_of_the_kernels_butterfly_give_the_transforms_bits(size):
     ref = h.transform(x, dim=-1).view(torch.int32)
     assert (ref[0] == -2**31).any() and (ref[0] == 0).any()  # the block of zeros gives −0 and +0
     for by_split in (False, True):
-        out = torch.empty_like(x)
-        _butterfly[(1,)](x, out, h.signs_tensor(x.device), h.scale, BC=size, STAGES=size.bit_length() - 1,
-                        BY_SPLIT=by_split)
-        nan = out.isnan()
-        assert torch.equal(nan, ref.view(torch.float32).isnan()) and nan[1].all() and not nan[[0, 2, 3]].any()
-        assert torch.equal(out.view(torch.int32)[~nan], ref[~nan]), by_split
+        both = torch.empty(2, *x.shape, device=DEVICE)
+        _butterfly[(1,)](x, both, h.signs_tensor(x.device), h.scale, BC=size, STAGES=size.bit_length() - 1,
+                         BY_SPLIT=by_split)
+        for out in both:  # the 3-D tile, the 4-D one
+            nan = out.isnan()
+            assert torch.equal(nan, ref.view(torch.float32).isnan()) and nan[1].all() and not nan[[0, 2, 3]].any()
+            assert torch.equal(out.view(torch.int32)[~nan], ref[~nan]), by_split
 
 
 @pytest.mark.parametrize("name, size", [("mxfp4", 32), ("nvfp4", 16)])

@@ -80,29 +80,32 @@ def _add(a, b):
 
 
 @triton.jit
-def _hadamard_blocks(x, signs_ptr, h_scale, TILE_R: tl.constexpr, NB: tl.constexpr, BC: tl.constexpr,
-                     STAGES: tl.constexpr, BY_SPLIT: tl.constexpr = False):
-    """hadamard.py's transform of every BC-block of a (TILE_R, NB, BC) fp32 tile, in its order:
-    the signs, the butterfly stages s = 1, 2, 4, … (the pair (i, i + s) becomes (sum, difference),
-    each one float32 addition), then × fp32(1/√BC).
+def _hadamard_blocks(x, signs, h_scale, N: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
+                     BY_SPLIT: tl.constexpr = False):
+    """hadamard.py's transform of every BC-block of an fp32 tile of N blocks whose last axes hold
+    a block's elements in order — (TILE_R, NB, BC), or (NB, TILE_R, K, V), block element V·k + e
+    at [.., .., k, e] — as the tile's order: the signs (`signs`, broadcast to a block's axes),
+    the butterfly stages s = 1, 2, 4, … (the pair (i, i + s) becomes (sum, difference), each one
+    float32 addition), then × fp32(1/√BC).
 
     Two forms of a stage, the same additions: compiled, a reduction over an axis of two (by
     `_add`, not tl.sum, whose interpreted form starts from +0 and so turns −0 + −0 into +0),
-    which keeps the tile in registers and lane shuffles; BY_SPLIT, the pair taken apart by
-    tl.split and put back by tl.join, for Triton's interpreter, which runs a reduction by
-    `_add` one element at a time (~50× slower) but these as whole arrays. (Compiled, the split
-    form moves the tile through shared memory, with barriers: scripts/kernel_sass.py.)"""
-    x = x * tl.load(signs_ptr + tl.arange(0, BC))[None, None, :]
+    which keeps the tile in registers (and lane shuffles where a block spans threads); BY_SPLIT,
+    the pair taken apart by tl.split and put back by tl.join, for Triton's interpreter, which
+    runs a reduction by `_add` one element at a time (~50× slower) but these as whole arrays.
+    (Compiled, the split form moves the tile through shared memory, with barriers:
+    scripts/kernel_sass.py.)"""
+    x = x * signs
     pm = (1 - 2 * tl.arange(0, 2)).to(tl.float32)[None, None, :, None]  # +1, −1
     for st in tl.static_range(STAGES):  # BC = 2^STAGES; stage st pairs i and i + 2^st
-        y = tl.reshape(x, (TILE_R * NB, BC >> (st + 1), 2, 1 << st))
+        y = tl.reshape(x, (N, BC >> (st + 1), 2, 1 << st))
         if BY_SPLIT:  # the pair's axis last, split: y_i and y_{i+2^st}
             a, b = tl.split(tl.permute(y, (0, 1, 3, 2)))
-            x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (TILE_R, NB, BC))
+            x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), x.shape)
         else:
             total = tl.reduce(y, 2, _add, keep_dims=True)  # y_i + y_{i+2^st}
             diff = tl.reduce(y * pm, 2, _add, keep_dims=True)  # y_i − y_{i+2^st}
-            x = tl.reshape(tl.where(pm > 0, total, diff), (TILE_R, NB, BC))
+            x = tl.reshape(tl.where(pm > 0, total, diff), x.shape)
     return x * h_scale
 
 
@@ -342,13 +345,32 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
             wrows = rows[None, :, None, None]
         winside = (wrows < R) & (wcols < C // 2)
         w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + wrows * (sxr // 2) + wcols, mask=winside, other=0)
+    elif WHOLE:  # whole blocks a thread without lanes (`row_read_whole_fp32`): the tile as (NB, TILE_R,
+        # K, V) fp32, piece k of a block its elements V·k … V·k + V − 1 (16 bytes of bf16 or fp32,
+        # one load); as the lanes' words above, Triton keeps a block's K pieces in one thread and
+        # spreads the blocks, then the rows, over a warp's threads, so the transform's stages, the
+        # block's amax, scale and factor stay in the thread. rows3, cols3 and inside3 name the
+        # 4-D tile's coordinates from here on
+        tl.static_assert(not AS_ROWS and not PAIRS and BR == 1 and AMAX_MODE == 0 and VALUES and RULE >= 1
+                         and not TRANSPOSED)
+        V: tl.constexpr = 8 if X_BF16 else 4
+        K: tl.constexpr = BC // V
+        piece = (V * tl.arange(0, K))[None, None, :, None] + tl.arange(0, V)[None, None, None, :]
+        rows3 = rows[None, :, None, None]
+        cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[:, None, None, None] + piece
+        inside3 = (rows3 < R) & (cols3 < C)
+        x = _load_fp32(x_ptr + rows3 * sxr + cols3 * sxc, inside3, X_BF16)
     else:
         offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
         x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
     if not LANES:
         xbits = x.to(tl.int32, bitcast=True)
     if H_STAGES > 0:  # the blocks transformed first (C a multiple of BC: no padding in a block)
-        x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, H_STAGES, H_SPLIT)
+        if WHOLE:
+            signs = tl.load(signs_ptr + piece)
+        else:
+            signs = tl.load(signs_ptr + tl.arange(0, BC))[None, None, :]
+        x = _hadamard_blocks(x, signs, h_scale, TILE_R * NB, BC, H_STAGES, H_SPLIT)
         xbits = x.to(tl.int32, bitcast=True)
 
     # ---- amax of each block: (TILE_R, NB) -------------------------------------------------
@@ -367,6 +389,8 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         else:
             mag = _lane_max(w & 0x7FFF7FFF, LANES == 2)
         amax = (tl.maximum(mag & 0xFFFF, mag >> 16) << 16).to(tl.float32, bitcast=True)
+    elif WHOLE:  # a piece's elements, then the pieces, all in the thread; as (TILE_R, NB)
+        amax = tl.trans(tl.max(tl.max(xbits & 0x7FFFFFFF, axis=3), axis=2)).to(tl.float32, bitcast=True)
     elif AMAX_MODE == 0:  # BR × BC blocks: reduced here, as the largest |x| bit pattern — for
         # non-negative floats the integer order is the float order, and every NaN pattern is
         # above inf's, so a NaN anywhere makes the block's amax a NaN, in one reduction
@@ -453,7 +477,9 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                 _store_codes(code, out_ptr, rows, cols, (rows < R)[:, None] & (cols < C)[None, :], R, CP, sor,
                              TILE_R, TILE_C, PACK)
     else:
-        f = factor[:, :, None]
+        f, s3 = factor[:, :, None], scale[:, :, None]  # a block's factor and scale over its elements
+        if WHOLE:
+            f, s3 = tl.trans(factor)[:, :, None, None], tl.trans(scale)[:, :, None, None]
         if RULE == 0 and TILE_R * NB == 1:  # an fp32 scale, one block a program (the one-read rows):
             # its one scale's `_divisor`, then the correctly rounded quotients by `_quotient`
             p, m, y = _divisor(factor)
@@ -493,7 +519,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
             else:
                 elems = _round_values(v, noise, M, BIAS, EMIN, EMAX, MAX_CODE, MAX_VALUE, HAS_NAN, STOCHASTIC, E,
                                       NATIVE_MAX)
-            values = elems * scale[:, :, None]
+            values = elems * s3
             if NATIVE_BF16:  # the GPU's conversion (two elements an instruction on NVIDIA from sm_80),
                 # rounding half to even as `_to_bf16` does, but a NaN to the canonical 0x7FFF where
                 # torch and `_to_bf16` give 0x7FC0. Values are NaN exactly in the blocks whose scale
@@ -501,7 +527,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                 # those blocks take 0x7FC0 by a select on the converted tile (docs/kernels-notes.md,
                 # v60: three to four SASS instructions an element fewer than `_to_bf16`)
                 nan16 = tl.full((1, 1, 1), 0x7FC0, tl.uint16).to(tl.bfloat16, bitcast=True)
-                out = tl.where((scale == scale)[:, :, None], values.to(tl.bfloat16), nan16)
+                out = tl.where(s3 == s3, values.to(tl.bfloat16), nan16)
             else:
                 out = _to_bf16(values)
             tl.store(out_ptr + rows3 * sor + cols3, out, mask=inside3)
@@ -547,7 +573,8 @@ def _hadamard_amax_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, row_stride, sign
     inside3 = (rows3 < R) & (cols3 < C)
     offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
     x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
-    x = _hadamard_blocks(x, signs_ptr, h_scale, TILE_R, NB, BC, STAGES, H_SPLIT)
+    x = _hadamard_blocks(x, tl.load(signs_ptr + tl.arange(0, BC))[None, None, :], h_scale, TILE_R * NB, BC, STAGES,
+                         H_SPLIT)
     bits = tl.max(tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1), axis=0)
     tl.atomic_max(amax_bits_ptr, bits)
 
@@ -811,6 +838,33 @@ def row_read_whole(X: torch.Tensor, scheme: Scheme, values: bool) -> bool:
     return whole_possible(X, scheme, values) and (not values or scheme.two_level)
 
 
+def whole_fp32_possible(X: torch.Tensor, scheme: Scheme, values: bool) -> bool:
+    """Whether a row read of X not worked in lanes can hold whole blocks a thread in an fp32 tile
+    (WHOLE without LANES, `row_read_whole_fp32`): the values of 1 × bc blocks with power-of-two
+    or NVFP4's two-level scales (not an fp32 scale's quotient), X bf16 or fp32 and not a column
+    read, under a Hadamard transform or not, rounded to nearest or stochastically."""
+    return (values and scheme.block[0] == 1 and rule_of(scheme) != "amax"
+            and X.dtype in (torch.bfloat16, torch.float32) and not _column_read(X))
+
+
+def row_read_whole_fp32(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None,
+                        stochastic: bool = False) -> bool:
+    """Whether a row read not worked in lanes holds whole blocks a thread (`whole_fp32_possible`) by
+    default: a block's Hadamard stages, amax, scale and factor then run in one thread, with no
+    lane shuffles, where a block over two (NVFP4) or four (MX) threads exchanged them. For bf16
+    values rounded stochastically, and NVFP4's under a transform. On the H200, bf16 8192 x 14336
+    read along rows (docs/kernels-notes.md, v71; `WHOLE_FP32_TILES`): NVFP4 values under the
+    16-point transform 0.1739 → 0.1469 ms with the tensor amax given, 0.2740 → 0.2433 with its
+    pass, and with stochastic rounding 0.2941 → 0.2410; MXFP4 values under the 32-point transform
+    with stochastic rounding 0.2921 → 0.2437; without a transform, stochastic: NVFP4 0.2616 →
+    0.2227, MXFP8 E4M3 0.2398 → 0.2216, MXFP4 0.2312 → 0.2226. Slower, so not by default: MXFP4
+    under its transform rounded to nearest (0.1712 → 0.1831 in its fastest tile, though its
+    SASS has 29 instructions an element against 42 and no lane shuffles) and fp32 input (MXFP4
+    under its transform, 4096 x 14336: 0.1008 → 0.1911)."""
+    return (whole_fp32_possible(X, scheme, values) and X.dtype == torch.bfloat16
+            and (stochastic or (hadamard is not None and scheme.two_level)))
+
+
 def column_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False,
                          capability: tuple[int, int] | None = None) -> bool:
     """Whether a column read of X is worked two rows a word (`lanes_possible`, its rows loaded in
@@ -874,6 +928,13 @@ FP32_SCALE_ROW_TILE = (16, 128, 4)
 WHOLE_TILES = {(32, False): (8, 256, 2), (16, False): (16, 256, 2), (16, True): (8, 256, 4)}
 
 
+# Whole blocks a thread in an fp32 tile (`row_read_whole_fp32`), by bc: a block a thread, in tiles
+# of 4 rows and 512 columns. On the H200, bf16 8192 x 14336, the fastest or within 1% of the
+# fastest of the 34 (bc 16) or 25 (bc 32) tiles timed in every case `row_read_whole_fp32` takes;
+# on 8192 x 4096 likewise among the five fastest of those (docs/kernels-notes.md, v71)
+WHOLE_FP32_TILES = {16: (4, 512, 4), 32: (4, 512, 2)}
+
+
 def tile_of(X: torch.Tensor, scheme: Scheme, values: bool = False, as_rows: bool = False,
             transposed: bool = False, lanes: bool = False, whole: bool = False) -> tuple[int, int, int | None]:
     """(rows, columns, warps) of the tile `quantize_rowblocks` quantizes X in by default, given its
@@ -886,6 +947,8 @@ def tile_of(X: torch.Tensor, scheme: Scheme, values: bool = False, as_rows: bool
     one block row, its warps None (the launch's `warps_for` its size) except 4 for fp32 read
     transposed."""
     br = scheme.block[0]
+    if whole and not lanes:
+        return WHOLE_FP32_TILES.get(scheme.block[1], default_tile())
     if whole:
         return WHOLE_TILES.get((scheme.block[1], values), default_tile())
     if lanes and not values and not as_rows:
@@ -981,10 +1044,13 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                          "floating-point (or NVFP4, read along rows) values or FP4/FP6 codes rounded to nearest, "
                          "without a transform")
     if whole is None:
-        whole = lanes and row_read_whole(X, scheme, values)
-    elif whole and not (lanes and whole_possible(X, scheme, values)):
+        whole = (row_read_whole(X, scheme, values) if lanes else
+                 not as_rows and row_read_whole_fp32(X, scheme, values, hadamard, stochastic))
+    elif whole and not (whole_possible(X, scheme, values) if lanes else
+                        not as_rows and whole_fp32_possible(X, scheme, values)):
         raise ValueError("whole: a row read worked two elements a word (lanes), of values, FP4 codes or the FP6 "
-                         "codes of 1 x 32 blocks over a multiple of 16 columns")
+                         "codes of 1 x 32 blocks over a multiple of 16 columns; or not in lanes, a bf16 or fp32 "
+                         "row read of the values of 1 x bc blocks with power-of-two or two-level scales")
     rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed, lanes, whole)
     if br > 1:  # a square-block tile is one block row
         tile_r = br
