@@ -14,7 +14,8 @@ count of the whole kernel and per element (one tile of the library's choice,
 `rowblock.column_read_in_pairs`; the rows of a row-major copy where the library transposes a
 column read first, `rowblock.column_read_transposed_first`; a bf16 row read worked two elements
 a word where the library does so for that architecture, `rowblock.row_read_in_lanes`, and a
-column read two rows a word, `column_read_in_lanes`), the
+column read two rows a word, `column_read_in_lanes`; whole blocks a thread where the library
+takes them, in lanes, `rowblock.row_read_whole`, or in an fp32 tile, `row_read_whole_fp32`), the
 registers a thread, the
 shared memory, and the instructions that move the tile between layouts (STS/LDS through shared
 memory, BAR barriers, SHFL lane shuffles); "ALU an element" counts those of the ALU pipe's kinds

@@ -655,6 +655,8 @@ def test_whole_blocks_a_thread_in_an_fp32_tile_give_the_reference_values(name):
         with pytest.raises(ValueError, match="whole"):
             rowblock.quantize_rowblocks(view, s, None, values=values, lanes=False, whole=True)
     assert rowblock.tile_of(b, scheme, True, whole=True) == rowblock.WHOLE_FP32_TILES[bc]
+    wide = fb.get_scheme("fp8_e4m3_1x128", "rceil")  # possible, but no tile timed: not by default
+    assert rowblock.whole_fp32_possible(b, wide, True) and not rowblock.row_read_whole_fp32(b, wide, True, None, True)
 
 
 @pytest.mark.parametrize("name, rule", [("mxfp4", "floor"), ("mxfp4", "rceil"), ("mxfp6_e2m3", "floor"),

@@ -84,7 +84,7 @@ def _hadamard_blocks(x, signs, h_scale, N: tl.constexpr, BC: tl.constexpr, STAGE
                      BY_SPLIT: tl.constexpr = False):
     """hadamard.py's transform of every BC-block of an fp32 tile of N blocks whose last axes hold
     a block's elements in order — (TILE_R, NB, BC), or (NB, TILE_R, K, V), block element V·k + e
-    at [.., .., k, e] — as the tile's order: the signs (`signs`, broadcast to a block's axes),
+    at [.., .., k, e] — in hadamard.py's order: the signs (`signs`, broadcast to a block's axes),
     the butterfly stages s = 1, 2, 4, … (the pair (i, i + s) becomes (sum, difference), each one
     float32 addition), then × fp32(1/√BC).
 
@@ -850,19 +850,19 @@ def whole_fp32_possible(X: torch.Tensor, scheme: Scheme, values: bool) -> bool:
 def row_read_whole_fp32(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None,
                         stochastic: bool = False) -> bool:
     """Whether a row read not worked in lanes holds whole blocks a thread (`whole_fp32_possible`) by
-    default: a block's Hadamard stages, amax, scale and factor then run in one thread, with no
-    lane shuffles, where a block over two (NVFP4) or four (MX) threads exchanged them. For bf16
-    values rounded stochastically, and NVFP4's under a transform. On the H200, bf16 8192 x 14336
-    read along rows (docs/kernels-notes.md, v71; `WHOLE_FP32_TILES`): NVFP4 values under the
-    16-point transform 0.1739 → 0.1469 ms with the tensor amax given, 0.2740 → 0.2433 with its
-    pass, and with stochastic rounding 0.2941 → 0.2410; MXFP4 values under the 32-point transform
-    with stochastic rounding 0.2921 → 0.2437; without a transform, stochastic: NVFP4 0.2616 →
-    0.2227, MXFP8 E4M3 0.2398 → 0.2216, MXFP4 0.2312 → 0.2226. Slower, so not by default: MXFP4
-    under its transform rounded to nearest (0.1712 → 0.1831 in its fastest tile, though its
-    SASS has 29 instructions an element against 42 and no lane shuffles) and fp32 input (MXFP4
-    under its transform, 4096 x 14336: 0.1008 → 0.1911)."""
+    default: a block's Hadamard stages, amax, scale and factor then run in one thread, with no lane
+    shuffles, where a block over two (NVFP4) or four (MX) threads exchanged them. For bf16 values
+    of 1 × 16 and 1 × 32 blocks (the tiles timed) rounded stochastically, and NVFP4's under a
+    transform. On the H200, bf16 8192 x 14336 read along rows (docs/kernels-notes.md, v71;
+    `WHOLE_FP32_TILES`): NVFP4 values under the 16-point transform 0.1739 → 0.1469 ms with the
+    tensor amax given, 0.2740 → 0.2433 with its pass, and with stochastic rounding 0.2941 → 0.2410;
+    MXFP4 values under the 32-point transform with stochastic rounding 0.2921 → 0.2437; without a
+    transform, stochastic: NVFP4 0.2616 → 0.2227, MXFP8 E4M3 0.2398 → 0.2216, MXFP4 0.2312 →
+    0.2226. Slower, so not by default: MXFP4 under its transform rounded to nearest (0.1712 →
+    0.1831 in its fastest tile, though its SASS has 29 instructions an element against 42 and no
+    lane shuffles) and fp32 input (MXFP4 under its transform, 4096 x 14336: 0.1008 → 0.1911)."""
     return (whole_fp32_possible(X, scheme, values) and X.dtype == torch.bfloat16
-            and (stochastic or (hadamard is not None and scheme.two_level)))
+            and scheme.block[1] in WHOLE_FP32_TILES and (stochastic or (hadamard is not None and scheme.two_level)))
 
 
 def column_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False,
@@ -1009,8 +1009,9 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     the same bits again).
     lanes: work a row read two elements a word, or a column read laid out as rows two rows a word
     (loaded in pairs) (default: `row_read_in_lanes`, `column_read_in_lanes`; the same bits again).
-    whole: a row read in lanes with whole blocks in each thread (default: `row_read_whole`; the
-    same bits again).
+    whole: a row read in lanes with whole blocks in each thread (default: `row_read_whole`), or,
+    not in lanes, the values of a row read with whole blocks a thread in an fp32 tile (default:
+    `row_read_whole_fp32`); the same bits again.
     tensor_amax: NVFP4's tensor amax (fp32, 0-d) where the caller has it already — that of X,
     or of its transform under `hadamard` (`two_amaxes`) — instead of a pass over X for it.
     """
@@ -1107,7 +1108,8 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
     (default: `fp64_quotient`); transposed: X's square blocks read from X.t()
     (`square_column_read_transposed`), the launch over X.t() with X's codes and scales; pairs:
     `column_read_in_pairs`; lanes: two elements a word (`lanes_possible`, emulated in Triton's
-    interpreter); whole: a row read in lanes with whole blocks a thread (`row_read_whole`)."""
+    interpreter); whole: a row read with whole blocks a thread, in lanes (`row_read_whole`) or in
+    an fp32 tile (`row_read_whole_fp32`)."""
     if transposed:
         X = X.t()
     R, C = X.shape
