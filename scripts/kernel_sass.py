@@ -115,7 +115,7 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
         FP64_QUOTIENT=False, CODES_3D=False, TRANSPOSED=False,  # (fp32-scale codes only)
         NATIVE_BF16=True,  # the GPU's bf16 conversion, as the library launches it on a GPU
         PAIRS=as_rows and (lanes or rowblock.column_read_in_pairs(view.t(), s, tile_r)),
-        LANES=int(lanes), WHOLE=whole,
+        LANES=int(lanes), WHOLE=whole, TILE_STORE=whole and not lanes and rowblock.whole_tile_store(s, stochastic),
         **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
     constants["sxc" if along == "rows" else "sxr"] = 1  # as Triton specializes a stride of 1
     return _compile(constants, POINTERS, arch, warps)

@@ -622,7 +622,9 @@ def test_whole_blocks_a_thread_in_an_fp32_tile_give_the_reference_values(name):
     stochastic rounding, with and without the recipes' transform, bf16 and fp32, NaN/inf/zero/
     subnormal blocks, rows that do not fill a tile, a last block cut short, tiles other than the
     default — and it is refused where it cannot run: a column read, codes, fp32 scales by the
-    amax rule. By default: bf16 values rounded stochastically, and NVFP4's under a transform."""
+    amax rule. By default: bf16 values under a transform or rounded stochastically; 1 × 32 blocks
+    rounded to nearest are stored from the tile put back in rows and columns (`whole_tile_store`),
+    the others from the tile of blocks: both are run here."""
     from fewerbits.kernels import rowblock
     from fewerbits.rounding import draw_seed
 
@@ -647,7 +649,9 @@ def test_whole_blocks_a_thread_in_an_fp32_tile_give_the_reference_values(name):
                     assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale), case
                 stochastic = seed is not None
                 assert rowblock.row_read_whole_fp32(X, scheme, True, h, stochastic) == (
-                    t.dtype == torch.bfloat16 and (stochastic or (h is not None and scheme.two_level)))
+                    t.dtype == torch.bfloat16 and (stochastic or h is not None))
+            # stored from the tile in rows and columns (1 x 32 blocks, nearest) or from the tile of blocks
+            assert rowblock.whole_tile_store(scheme, rounding == "stochastic") == (bc == 32 and rounding == "nearest")
     b = x.bfloat16()
     assert rowblock.whole_fp32_possible(b, scheme, True) and rowblock.whole_fp32_possible(x, scheme, True)
     for view, s, values in ((b.t(), scheme, True), (b, scheme, False), (b, fb.get_scheme("fp8_e4m3_1x128"), True)):

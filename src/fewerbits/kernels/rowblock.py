@@ -285,7 +285,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                      NATIVE_MAX: tl.constexpr, H_SPLIT: tl.constexpr = False, FP64_QUOTIENT: tl.constexpr = False,
                      CODES_3D: tl.constexpr = False, TRANSPOSED: tl.constexpr = False,
                      NATIVE_BF16: tl.constexpr = False, PAIRS: tl.constexpr = False,
-                     LANES: tl.constexpr = 0, WHOLE: tl.constexpr = False):
+                     LANES: tl.constexpr = 0, WHOLE: tl.constexpr = False, TILE_STORE: tl.constexpr = False):
     # TRANSPOSED: x is the transpose T of the matrix quantized, whose square blocks are T's
     # blocks transposed (`square_column_read_transposed`); codes, scales and noise are placed
     # by that matrix's coordinates, (column, row) of T
@@ -530,7 +530,15 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                 out = tl.where(s3 == s3, values.to(tl.bfloat16), nan16)
             else:
                 out = _to_bf16(values)
-            tl.store(out_ptr + rows3 * sor + cols3, out, mask=inside3)
+            if TILE_STORE:  # whole blocks a thread, stored from the tile put back as (TILE_R, TILE_C):
+                # Triton moves it through shared memory to the layout of a row's neighbouring
+                # elements in neighbouring threads (`whole_tile_store`)
+                tl.static_assert(WHOLE and not LANES)
+                out = tl.reshape(tl.permute(out, (1, 0, 2, 3)), (TILE_R, TILE_C))
+                cols = (tl.program_id(1) * TILE_C + tl.arange(0, TILE_C))[None, :]
+                tl.store(out_ptr + rows[:, None] * sor + cols, out, mask=(rows < R)[:, None] & (cols < C))
+            else:
+                tl.store(out_ptr + rows3 * sor + cols3, out, mask=inside3)
         elif PACK == 1 and CODES_3D:  # a byte a code, stored from the (TILE_R, NB, BC) tile itself:
             # the loads and the store then share one layout (along rows, 16 neighbouring elements a
             # thread, the store's 16 bytes), so the tile does not go through shared memory to be
@@ -852,17 +860,31 @@ def row_read_whole_fp32(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=
     """Whether a row read not worked in lanes holds whole blocks a thread (`whole_fp32_possible`) by
     default: a block's Hadamard stages, amax, scale and factor then run in one thread, with no lane
     shuffles, where a block over two (NVFP4) or four (MX) threads exchanged them. For bf16 values
-    of 1 × 16 and 1 × 32 blocks (the tiles timed) rounded stochastically, and NVFP4's under a
-    transform. On the H200, bf16 8192 x 14336 read along rows (docs/kernels-notes.md, v71;
+    of 1 × 16 and 1 × 32 blocks (the tiles timed) under a transform or rounded stochastically. On
+    the H200, bf16 8192 x 14336 read along rows (docs/kernels-notes.md, v71, v72;
     `WHOLE_FP32_TILES`): NVFP4 values under the 16-point transform 0.1739 → 0.1469 ms with the
     tensor amax given, 0.2740 → 0.2433 with its pass, and with stochastic rounding 0.2941 → 0.2410;
-    MXFP4 values under the 32-point transform with stochastic rounding 0.2921 → 0.2437; without a
-    transform, stochastic: NVFP4 0.2616 → 0.2227, MXFP8 E4M3 0.2398 → 0.2216, MXFP4 0.2312 →
-    0.2226. Slower, so not by default: MXFP4 under its transform rounded to nearest (0.1712 →
-    0.1831 in its fastest tile, though its SASS has 29 instructions an element against 42 and no
-    lane shuffles) and fp32 input (MXFP4 under its transform, 4096 x 14336: 0.1008 → 0.1911)."""
+    MXFP4 values under the 32-point transform with stochastic rounding 0.2921 → 0.2437, rounded to
+    nearest 0.1710 → 0.1342 (stored from the tile in rows and columns, `whole_tile_store`; stored
+    from the tile of whole blocks, 0.1831 in its fastest tile); without a transform, stochastic:
+    NVFP4 0.2616 → 0.2227, MXFP8 E4M3 0.2398 → 0.2216, MXFP4 0.2312 → 0.2226. fp32 input was slower
+    (MXFP4 under its transform, 4096 x 14336: 0.1008 → 0.1911, stored from the tile of whole
+    blocks), so it is not taken by default."""
     return (whole_fp32_possible(X, scheme, values) and X.dtype == torch.bfloat16
-            and scheme.block[1] in WHOLE_FP32_TILES and (stochastic or (hadamard is not None and scheme.two_level)))
+            and scheme.block[1] in WHOLE_FP32_TILES and (stochastic or hadamard is not None))
+
+
+def whole_tile_store(scheme: Scheme, stochastic: bool) -> bool:
+    """Whether values made with whole blocks a thread in an fp32 tile (`row_read_whole_fp32`) are
+    stored from the tile put back in rows and columns (TILE_STORE), which Triton moves through
+    shared memory so that neighbouring threads store a row's neighbouring elements, instead of
+    from the tile itself, where each thread stores its block's pieces of 16 bytes, 2·bc bytes
+    apart from its neighbour's. Chosen by timing on the H200 (docs/kernels-notes.md, v72; bf16
+    read along rows, 4 × 512 tiles): MXFP4 under its 32-point transform rounded to nearest,
+    8192 x 14336 0.1710 → 0.1342 ms (66% → 84% of the copy rate), 8192 x 4096 0.0526 → 0.0418;
+    NVFP4 under its 16-point transform slower with it (0.2431 → 0.2462 ms), and stochastic
+    rounding not timed with it: 1 × 32 blocks rounded to nearest."""
+    return scheme.block[1] == 32 and not stochastic
 
 
 def column_read_in_lanes(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False,
@@ -1136,6 +1158,7 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
         # slower with it, so they keep the 2D store (docs/kernels-notes.md, v56 and v57)
         CODES_3D=rule == "amax", TRANSPOSED=transposed, NATIVE_BF16=values and not _interpreted(X), PAIRS=pairs,
         LANES=(2 if _interpreted(X) else 1) if lanes else 0, WHOLE=whole,
+        TILE_STORE=whole and not lanes and values and whole_tile_store(scheme, seed is not None),
         **constants,
     )
 
