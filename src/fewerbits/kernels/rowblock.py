@@ -35,6 +35,9 @@ are two rows' blocks: the same bits in fewer instructions. NVFP4 along bf16 rows
 too, each product made in fp32 and rounded to odd in bf16 first. Along rows, FP4's and FP6's
 codes and NVFP4's values are loaded 16 bytes at a time as pieces of whole blocks, so that each
 thread holds whole blocks, makes their scales alone and packs their codes (`row_read_whole`).
+Values along bf16 rows under a transform or rounded stochastically hold whole blocks a thread
+in an fp32 tile instead (`row_read_whole_fp32`): the transform's stages, the amax and the scale
+in the thread.
 """
 
 from __future__ import annotations
@@ -166,6 +169,18 @@ def _lane_max(m, EMULATED: tl.constexpr, AXIS: tl.constexpr = 2):
     if EMULATED:
         return tl.max(m & 0xFFFF, axis=AXIS) | (tl.max((m >> 16) & 0xFFFF, axis=AXIS) << 16)
     return tl.reduce(m, AXIS, _u16x2_max)
+
+
+@triton.jit
+def _over_block(t, WHOLE: tl.constexpr):
+    """A (TILE_R, NB) tile of per-block numbers broadcast over each block's elements: as (TILE_R,
+    NB, 1) for a (TILE_R, NB, ·) tile, or, whole blocks a thread (WHOLE), as (NB, TILE_R, 1, 1)
+    for the (NB, TILE_R, K, ·) tile."""
+    if WHOLE:
+        b = tl.trans(t)[:, :, None, None]
+    else:
+        b = t[:, :, None]
+    return b
 
 
 @triton.jit
@@ -448,9 +463,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         # exact, 2^−127 a bf16 subnormal — in both halves of a word; a block whose scale is NaN
         # takes code 0 (values: NaN) in every element, as below
         # (NVFP4 makes its products in fp32 below, then takes the lanes under a factor of 1.0)
-        f_w, s_w = factor[:, :, None], scale[:, :, None]  # broadcast over the words of a block
-        if WHOLE:
-            f_w, s_w = tl.trans(factor)[:, :, None, None], tl.trans(scale)[:, :, None, None]
+        f_w, s_w = _over_block(factor, WHOLE), _over_block(scale, WHOLE)  # over the words of a block
         f2 = tl.full(w.shape, 0x3F803F80, tl.int32) if RULE == 5 else _in_both_lanes(f_w)
         finite = s_w == s_w
         if RULE == 5:  # NVFP4: factor is no power of two, so each element's product by it is made
@@ -477,9 +490,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                 _store_codes(code, out_ptr, rows, cols, (rows < R)[:, None] & (cols < C)[None, :], R, CP, sor,
                              TILE_R, TILE_C, PACK)
     else:
-        f, s3 = factor[:, :, None], scale[:, :, None]  # a block's factor and scale over its elements
-        if WHOLE:
-            f, s3 = tl.trans(factor)[:, :, None, None], tl.trans(scale)[:, :, None, None]
+        f, s3 = _over_block(factor, WHOLE), _over_block(scale, WHOLE)  # over a block's elements
         if RULE == 0 and TILE_R * NB == 1:  # an fp32 scale, one block a program (the one-read rows):
             # its one scale's `_divisor`, then the correctly rounded quotients by `_quotient`
             p, m, y = _divisor(factor)
