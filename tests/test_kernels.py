@@ -1030,6 +1030,38 @@ def test_values_of_the_hadamard_transform_made_in_the_kernel(name, size, roundin
         rowblock.quantize_rowblocks(x[:, :37], scheme, None, values=True, hadamard=h)
 
 
+def test_the_transforms_amax_pass_in_both_layouts_is_the_reference_amax():
+    """`rowblock.hadamard_amax` (NVFP4's tensor amax under its transform, a read-only pass): as
+    the plain tile (TILE_R, NB, BC) and as whole blocks a thread in an fp32 tile (WHOLE, the
+    default for a row read, `hadamard_amax_whole`), in the default tiles and in tiles that
+    leave ragged rows and columns, bf16 and fp32, the bits of the amax of `Hadamard.transform`
+    in fp32; a NaN anywhere makes it NaN, an inf block inf; a column read laid out as rows."""
+    from fewerbits.kernels import rowblock
+
+    h = fb.Hadamard(16, seed=3)
+    x = torch.from_numpy(hard_matrix(40, 96, seed=9, specials=False)).to(DEVICE)
+    x[7, 16:32] = torch.randn(16) * 3e3  # one block holds the amax
+    for t in (x, x.bfloat16()):
+        ref = h.transform(t.float(), dim=-1).abs().amax()
+        assert rowblock.hadamard_amax_whole(t, 16)
+        for whole in (False, True, None):
+            for tile in ({}, dict(tile_r=16, tile_c=64, num_warps=1), dict(tile_r=2, tile_c=512, num_warps=2)):
+                a = rowblock.hadamard_amax(t, h, whole=whole, **tile)
+                assert torch.equal(a.view(torch.int32), ref.view(torch.int32)), (t.dtype, whole, tile)
+                for special, expect in ((float("nan"), "nan"), (-float("inf"), "inf")):
+                    u = t.clone()
+                    u[39, 80] = special
+                    b = rowblock.hadamard_amax(u, h, whole=whole, **tile)
+                    assert b.isnan() if expect == "nan" else b == float("inf"), (t.dtype, whole, tile, special)
+        column_read = t.t().contiguous().t()
+        assert not rowblock.hadamard_amax_whole(column_read, 16)
+        assert torch.equal(rowblock.hadamard_amax(column_read, h).view(torch.int32), ref.view(torch.int32))
+        with pytest.raises(ValueError, match="whole"):
+            rowblock.hadamard_amax(column_read, h, whole=True)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        rowblock.hadamard_amax(x[:, :40], h)
+
+
 def _near_code_midpoints(rows: int, seed: int) -> torch.Tensor:
     """fp32 rows of 1x128 blocks whose quotients by their block's scale lie at or a unit either
     side of E4M3's rounding midpoints (x = fp32(midpoint · scale) and its neighbours; the block's

@@ -582,19 +582,33 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
 @triton.jit(do_not_specialize=["row_stride"])
 def _hadamard_amax_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, row_stride, signs_ptr, h_scale, BC: tl.constexpr,
                           TILE_R: tl.constexpr, TILE_C: tl.constexpr, STAGES: tl.constexpr, X_BF16: tl.constexpr,
-                          AS_ROWS: tl.constexpr, H_SPLIT: tl.constexpr = False):
+                          AS_ROWS: tl.constexpr, H_SPLIT: tl.constexpr = False, WHOLE: tl.constexpr = False):
     """The amax of the Hadamard-transformed (R, C) matrix, as the largest |x| bit pattern (NaN
     above inf), by an atomic max of each tile's into *amax_bits_ptr (int32, starting at 0); a
-    column read laid out as a row read where AS_ROWS (as `_rowblock_kernel`)."""
+    column read laid out as a row read where AS_ROWS (as `_rowblock_kernel`); WHOLE: a row read
+    as `_rowblock_kernel`'s fp32 tile of whole blocks, (NB, TILE_R, K, V), so that a block's
+    stages run in one thread (`hadamard_amax_whole`)."""
     NB: tl.constexpr = TILE_C // BC
-    rows3 = (tl.program_id(0) * TILE_R + tl.arange(0, TILE_R))[:, None, None]
-    cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[None, :, None] + tl.arange(0, BC)[None, None, :]
+    rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
+    if WHOLE:
+        tl.static_assert(not AS_ROWS)
+        V: tl.constexpr = 8 if X_BF16 else 4
+        K: tl.constexpr = BC // V
+        piece = (V * tl.arange(0, K))[None, None, :, None] + tl.arange(0, V)[None, None, None, :]
+        rows3 = rows[None, :, None, None]
+        cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[:, None, None, None] + piece
+        signs = tl.load(signs_ptr + piece)
+    else:
+        rows3 = rows[:, None, None]
+        cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[None, :, None] + tl.arange(0, BC)[None, None, :]
+        signs = tl.load(signs_ptr + tl.arange(0, BC))[None, None, :]
     inside3 = (rows3 < R) & (cols3 < C)
-    offsets = rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc
-    x = _load_fp32(x_ptr + offsets, inside3, X_BF16)
-    x = _hadamard_blocks(x, tl.load(signs_ptr + tl.arange(0, BC))[None, None, :], h_scale, TILE_R * NB, BC, STAGES,
-                         H_SPLIT)
-    bits = tl.max(tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1), axis=0)
+    x = _load_fp32(x_ptr + rows3 * (row_stride if AS_ROWS else sxr) + cols3 * sxc, inside3, X_BF16)
+    x = _hadamard_blocks(x, signs, h_scale, TILE_R * NB, BC, STAGES, H_SPLIT)
+    bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    if WHOLE:
+        bits = tl.max(bits, axis=3)
+    bits = tl.max(tl.max(tl.max(bits, axis=2), axis=1), axis=0)
     tl.atomic_max(amax_bits_ptr, bits)
 
 
@@ -705,11 +719,15 @@ def _two_amaxes_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, signs_ptr, h_scale,
     tl.atomic_max(amax_bits_ptr + 1, largest.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
 
 
-def two_amaxes(X: torch.Tensor, hadamard, *, tile_c: int = 1024, groups: int = 4,
+def two_amaxes(X: torch.Tensor, hadamard, *, tile_c: int = 512, groups: int = 8,
                num_warps: int = 4) -> torch.Tensor:
     """fp32 [amax of X, amax of `hadamard.transform(X.t())`] of the (R, C) matrix X, NaN
     propagating, in one read: NVFP4's two tensor amaxes of a tensor quantized along its rows
-    and, under the weight-gradient GEMM's 16-point transform, along its columns."""
+    and, under the weight-gradient GEMM's 16-point transform, along its columns. A program reads
+    `groups` blocks of 16 rows over `tile_c` columns; the default was the fastest or within 1%
+    of it on the H200 among 40 such tiles, for bf16 8192 x 14336, 14336 x 8192, 8192 x 4096
+    and 4096 x 8192 (docs/kernels-notes.md, v73: 0.0750 → 0.0723 ms on 8192 x 14336, 77% of
+    the copy rate's read against 94% for the plain amax alone)."""
     if hadamard.size != 16:
         raise ValueError(f"two_amaxes takes a 16-point Hadamard transform (NVFP4's block), not {hadamard.size}")
     R, C = X.shape
@@ -1111,12 +1129,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         elif hadamard is None:  # the max of |x| in one reduction: exact, NaN propagating
             tensor_amax = amax_by_kernel(X)
         else:  # the max over the transformed blocks, by the transform's own kernel
-            bits = torch.zeros((), dtype=torch.int32, device=X.device)
-            _hadamard_amax_kernel[(cdiv(R, tile_r), cdiv(C, tile_c))](
-                _bits(X), bits, R, C, X.stride(0), X.stride(1), X.stride(0), hadamard.signs_tensor(X.device),
-                hadamard.scale, BC=bc, TILE_R=tile_r, TILE_C=tile_c, STAGES=bc.bit_length() - 1,
-                X_BF16=X.dtype == torch.bfloat16, AS_ROWS=as_rows, H_SPLIT=_interpreted(X), num_warps=num_warps or 4)
-            tensor_amax = bits.view(torch.float32)
+            tensor_amax = hadamard_amax(X, hadamard, as_rows=as_rows)
         s_dec = torch.empty((), dtype=torch.float32, device=X.device)
     if X.numel() == 0:
         return finish(codes, elem), scales, s_dec
@@ -1130,6 +1143,46 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
             scales, bc, 0, scale_codes, tile_r, tile_c, br, values, hadamard, s_dec, num_warps, as_rows, fp64,
             transposed, pairs, lanes, whole)
     return finish(codes, elem), scales, s_dec
+
+
+HADAMARD_AMAX_WHOLE_TILE = (16, 512, 4)
+
+
+def hadamard_amax_whole(X: torch.Tensor, bc: int, as_rows: bool = False) -> bool:
+    """Whether the pass for the amax of X's transform (`hadamard_amax`) reads X as an fp32 tile of
+    whole blocks (WHOLE) by default, in `HADAMARD_AMAX_WHOLE_TILE`: a bf16 or fp32 row read."""
+    return not as_rows and not _column_read(X) and X.dtype in (torch.bfloat16, torch.float32)
+
+
+def hadamard_amax(X: torch.Tensor, hadamard, *, tile_r: int | None = None, tile_c: int | None = None,
+                  num_warps: int | None = None, as_rows: bool | None = None,
+                  whole: bool | None = None) -> torch.Tensor:
+    """fp32 amax (0-d, NaN propagating) of X (R, C) with every 1 × hadamard.size block of its rows
+    transformed (`hadamard.transform` of each block; C a multiple of the size): NVFP4's tensor
+    amax under the transform, in one read. as_rows: a column read (a transposed view) laid out
+    as rows (default: for a column read); whole: `hadamard_amax_whole`; tile_r, tile_c,
+    num_warps: the tile a program reads (default: `HADAMARD_AMAX_WHOLE_TILE` for whole blocks,
+    else `default_tile`)."""
+    R, C = X.shape
+    bc = hadamard.size
+    if C % bc:
+        raise ValueError(f"a {bc}-point transform of each block of a row needs a multiple of {bc} columns, not {C}")
+    if as_rows is None:
+        as_rows = _column_read(X)
+    if whole is None:
+        whole = hadamard_amax_whole(X, bc, as_rows)
+    elif whole and (as_rows or _column_read(X) or X.dtype not in (torch.bfloat16, torch.float32)):
+        raise ValueError("whole: a bf16 or fp32 row read")
+    rows, cols, warps = HADAMARD_AMAX_WHOLE_TILE if whole else default_tile()
+    tile_r, tile_c, num_warps = tile_r or rows, tile_c or cols, num_warps or warps
+    bits = torch.zeros((), dtype=torch.int32, device=X.device)
+    if X.numel():
+        _hadamard_amax_kernel[(cdiv(R, tile_r), cdiv(C, tile_c))](
+            _bits(X), bits, R, C, X.stride(0), X.stride(1), X.stride(0), hadamard.signs_tensor(X.device),
+            hadamard.scale, BC=bc, TILE_R=tile_r, TILE_C=tile_c, STAGES=bc.bit_length() - 1,
+            X_BF16=X.dtype == torch.bfloat16, AS_ROWS=as_rows, H_SPLIT=_interpreted(X), WHOLE=whole,
+            num_warps=num_warps)
+    return bits.view(torch.float32)
 
 
 def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax, bc: int, amax_mode: int,
