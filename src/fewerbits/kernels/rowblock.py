@@ -1148,7 +1148,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
 HADAMARD_AMAX_WHOLE_TILE = (16, 512, 4)
 
 
-def hadamard_amax_whole(X: torch.Tensor, bc: int, as_rows: bool = False) -> bool:
+def hadamard_amax_whole(X: torch.Tensor, as_rows: bool = False) -> bool:
     """Whether the pass for the amax of X's transform (`hadamard_amax`) reads X as an fp32 tile of
     whole blocks (WHOLE) by default, in `HADAMARD_AMAX_WHOLE_TILE`: a bf16 or fp32 row read."""
     return not as_rows and not _column_read(X) and X.dtype in (torch.bfloat16, torch.float32)
@@ -1170,7 +1170,7 @@ def hadamard_amax(X: torch.Tensor, hadamard, *, tile_r: int | None = None, tile_
     if as_rows is None:
         as_rows = _column_read(X)
     if whole is None:
-        whole = hadamard_amax_whole(X, bc, as_rows)
+        whole = hadamard_amax_whole(X, as_rows)
     elif whole and (as_rows or _column_read(X) or X.dtype not in (torch.bfloat16, torch.float32)):
         raise ValueError("whole: a bf16 or fp32 row read")
     rows, cols, warps = HADAMARD_AMAX_WHOLE_TILE if whole else default_tile()
