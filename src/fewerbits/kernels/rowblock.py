@@ -184,6 +184,19 @@ def _over_block(t, WHOLE: tl.constexpr):
 
 
 @triton.jit
+def _whole_tile(rows, NB: tl.constexpr, BC: tl.constexpr, X_BF16: tl.constexpr):
+    """(piece, rows, columns) of a row read's fp32 tile of whole blocks, (NB, TILE_R, K, V), for the
+    program's blocks along axis 1 of the grid: piece k of a block holds its elements V·k … V·k +
+    V − 1 (16 bytes of bf16 or fp32, one load), `piece` a block's element index at [.., .., k, e]
+    (1, 1, K, V); rows (1, TILE_R, 1, 1); columns (NB, 1, K, V)."""
+    V: tl.constexpr = 8 if X_BF16 else 4
+    K: tl.constexpr = BC // V
+    piece = (V * tl.arange(0, K))[None, None, :, None] + tl.arange(0, V)[None, None, None, :]
+    cols = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[:, None, None, None] + piece
+    return piece, rows[None, :, None, None], cols
+
+
+@triton.jit
 def _fp6_bits(c, s):
     """Code bits c placed at bit s of a 32-bit word: c << s for s in [0, 32) (bits past 31
     dropped), c >> −s for s in (−6, 0) (the high bits of a code that began in the word before),
@@ -368,11 +381,7 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
         # 4-D tile's coordinates from here on
         tl.static_assert(not AS_ROWS and not PAIRS and BR == 1 and AMAX_MODE == 0 and VALUES and RULE >= 1
                          and not TRANSPOSED)
-        V: tl.constexpr = 8 if X_BF16 else 4
-        K: tl.constexpr = BC // V
-        piece = (V * tl.arange(0, K))[None, None, :, None] + tl.arange(0, V)[None, None, None, :]
-        rows3 = rows[None, :, None, None]
-        cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[:, None, None, None] + piece
+        piece, rows3, cols3 = _whole_tile(rows, NB, BC, X_BF16)
         inside3 = (rows3 < R) & (cols3 < C)
         x = _load_fp32(x_ptr + rows3 * sxr + cols3 * sxc, inside3, X_BF16)
     else:
@@ -592,11 +601,7 @@ def _hadamard_amax_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, row_stride, sign
     rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
     if WHOLE:
         tl.static_assert(not AS_ROWS)
-        V: tl.constexpr = 8 if X_BF16 else 4
-        K: tl.constexpr = BC // V
-        piece = (V * tl.arange(0, K))[None, None, :, None] + tl.arange(0, V)[None, None, None, :]
-        rows3 = rows[None, :, None, None]
-        cols3 = ((tl.program_id(1) * NB + tl.arange(0, NB)) * BC)[:, None, None, None] + piece
+        piece, rows3, cols3 = _whole_tile(rows, NB, BC, X_BF16)
         signs = tl.load(signs_ptr + piece)
     else:
         rows3 = rows[:, None, None]
