@@ -916,8 +916,9 @@ def whole_tile_store(scheme: Scheme, stochastic: bool) -> bool:
     apart from its neighbour's. Chosen by timing on the H200 (docs/kernels-notes.md, v72; bf16
     read along rows, 4 × 512 tiles): MXFP4 under its 32-point transform rounded to nearest,
     8192 x 14336 0.1710 → 0.1342 ms (66% → 84% of the copy rate), 8192 x 4096 0.0526 → 0.0418;
-    NVFP4 under its 16-point transform slower with it (0.2431 → 0.2462 ms), and stochastic
-    rounding not timed with it: 1 × 32 blocks rounded to nearest."""
+    NVFP4 under its 16-point transform slower with it (0.2431 → 0.2462 ms); rounded
+    stochastically (v73), MXFP4 0.6–1.5% faster with it, MXFP8 E4M3 1–3% and NVFP4 about 5%
+    slower: 1 × 32 blocks rounded to nearest."""
     return scheme.block[1] == 32 and not stochastic
 
 
@@ -1176,7 +1177,7 @@ def hadamard_amax(X: torch.Tensor, hadamard, *, tile_r: int | None = None, tile_
         as_rows = _column_read(X)
     if whole is None:
         whole = hadamard_amax_whole(X, as_rows)
-    elif whole and (as_rows or _column_read(X) or X.dtype not in (torch.bfloat16, torch.float32)):
+    elif whole and not hadamard_amax_whole(X, as_rows):
         raise ValueError("whole: a bf16 or fp32 row read")
     rows, cols, warps = HADAMARD_AMAX_WHOLE_TILE if whole else default_tile()
     tile_r, tile_c, num_warps = tile_r or rows, tile_c or cols, num_warps or warps
