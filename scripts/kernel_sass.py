@@ -15,7 +15,8 @@ count of the whole kernel and per element (one tile of the library's choice,
 column read first, `rowblock.column_read_transposed_first`; a bf16 row read worked two elements
 a word where the library does so for that architecture, `rowblock.row_read_in_lanes`, and a
 column read two rows a word, `column_read_in_lanes`; whole blocks a thread where the library
-takes them, in lanes, `rowblock.row_read_whole`, or in an fp32 tile, `row_read_whole_fp32`), the
+takes them, in lanes, `rowblock.row_read_whole`, or in an fp32 tile, `row_read_whole_fp32`, or
+down a column read's memory rows, `column_read_whole`, by `_column_whole_kernel`), the
 registers a thread, the
 shared memory, and the instructions that move the tile between layouts (STS/LDS through shared
 memory, BAR barriers, SHFL lane shuffles); "ALU an element" counts those of the ALU pipe's kinds
@@ -57,7 +58,7 @@ from fewerbits.kernels.cast import format_constants, native_fp8_on
 from fewerbits.schemes import get_scheme
 
 KERNEL = rowblock._rowblock_kernel
-PARAMS = list(inspect.signature(KERNEL.fn).parameters)
+DOWN_KERNEL = rowblock._column_whole_kernel
 POINTERS = {"x_ptr": "*i16", "seed_ptr": "*i64", "out_ptr": "*bf16", "scale_ptr": "*u8",
             "tensor_scales_ptr": "*fp32", "amax_ptr": "*fp32", "signs_ptr": "*fp32", "s_dec_ptr": "*fp32",
             "elem_table": "*fp32"}
@@ -71,20 +72,34 @@ ALU = frozenset({"LOP3", "SHF", "IADD3", "SEL", "FSEL", "ISETP", "FSETP", "PLOP3
                  "HMNMX2", "PRMT", "SGXT", "LEA", "P2R", "R2P", "VIADD", "MOV", "BMSK", "FLO", "POPC", "IABS"})
 
 
-def copied_first(scheme_name: str, hadamard: bool, along: str) -> bool:
+def down(scheme_name: str, hadamard: bool, along: str, stochastic: bool = False) -> bool:
+    """Whether the library makes the values of this bf16 column read with whole blocks a thread
+    down the memory's rows (`rowblock.column_read_whole`: `_column_whole_kernel`)."""
+    s = get_scheme(scheme_name)
+    h = Hadamard(s.block[1]) if hadamard else None
+    view = torch.empty(128, 16, dtype=torch.bfloat16).t()
+    return along == "cols" and rowblock.column_read_whole(view, s, True, h, stochastic)
+
+
+def copied_first(scheme_name: str, hadamard: bool, along: str, stochastic: bool = False) -> bool:
     """Whether the library reads a row-major copy of this column read (made by the tiled
     transpose: `rowblock.column_read_transposed_first`), so the kernel reads rows."""
     s = get_scheme(scheme_name)
     h = Hadamard(s.block[1]) if hadamard else None
-    return along == "cols" and rowblock.column_read_transposed_first(torch.empty(128, 16).t(), s, True, h)
+    return (along == "cols" and not down(scheme_name, hadamard, along, stochastic)
+            and rowblock.column_read_transposed_first(torch.empty(128, 16).t(), s, True, h))
 
 
 def tile(scheme_name: str, hadamard: bool, along: str, stochastic: bool = False,
          arch: int = 90) -> tuple[bool, int, int, int, bool, bool]:
     """(as_rows, tile rows, tile columns, warps, lanes, whole) as the library picks them for the
-    values of a (large) bf16 matrix read along rows or columns, compiled for sm_`arch`."""
+    values of a (large) bf16 matrix read along rows or columns, compiled for sm_`arch` (whole
+    blocks down the columns, `down`: a column of blocks, `COLUMN_WHOLE_TILES`)."""
     s = get_scheme(scheme_name)
-    if copied_first(scheme_name, hadamard, along):
+    if down(scheme_name, hadamard, along, stochastic):
+        rows, warps = rowblock.COLUMN_WHOLE_TILES[stochastic]
+        return False, rows, s.block[1], warps, False, False
+    if copied_first(scheme_name, hadamard, along, stochastic):
         along = "rows"
     view = torch.empty(16, 128, dtype=torch.bfloat16)
     view = view if along == "rows" else view.t()
@@ -104,7 +119,16 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
     s = get_scheme(scheme_name)
     elem, bc = s.elem, s.block[1]
     as_rows, tile_r, tile_c, warps, lanes, whole = tile(scheme_name, hadamard, along, stochastic, arch)
-    if copied_first(scheme_name, hadamard, along):
+    native_max = float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0
+    if down(scheme_name, hadamard, along, stochastic):  # `_column_whole_kernel`, as the library launches it
+        constants = dict(
+            BC=bc, TILE_R=tile_r, RULE=rowblock.RULES[rowblock.rule_of(s)], KMIN=s.scale_fmt.emin,
+            KMAX=s.scale_fmt.emax, EMAX_ELEM=elem.emax, PACK=2 if elem.bits == 4 else 1, MAX_VALUE=float(elem.max),
+            SCALE_CODES=s.scale_fmt.bits <= 8, X_BF16=True, H_STAGES=bc.bit_length() - 1 if hadamard else 0,
+            H_SPLIT=False, NATIVE_BF16=True, VEC=max(tile_r // (32 * warps), 1), STOCHASTIC=stochastic,
+            **{**format_constants(elem), "NATIVE_MAX": native_max})
+        return _compile(constants, POINTERS, arch, warps, DOWN_KERNEL)
+    if copied_first(scheme_name, hadamard, along, stochastic):
         along = "rows"
     view = torch.empty(16, 128, dtype=torch.bfloat16)
     constants = dict(
@@ -116,21 +140,22 @@ def compile_variant(scheme_name: str, stochastic: bool, hadamard: bool, along: s
         NATIVE_BF16=True,  # the GPU's bf16 conversion, as the library launches it on a GPU
         PAIRS=as_rows and (lanes or rowblock.column_read_in_pairs(view.t(), s, tile_r)),
         LANES=int(lanes), WHOLE=whole, TILE_STORE=whole and not lanes and rowblock.whole_tile_store(s, stochastic),
-        **{**format_constants(elem), "NATIVE_MAX": float(elem.max) if native_fp8_on(elem, divmod(arch, 10)) else 0.0})
+        **{**format_constants(elem), "NATIVE_MAX": native_max})
     constants["sxc" if along == "rows" else "sxr"] = 1  # as Triton specializes a stride of 1
     return _compile(constants, POINTERS, arch, warps)
 
 
-def _compile(constants: dict, pointers: dict, arch: int, warps: int):
-    """`KERNEL` compiled for sm_`arch` with these constexprs and pointer types; the other
+def _compile(constants: dict, pointers: dict, arch: int, warps: int, kernel=KERNEL):
+    """`kernel` compiled for sm_`arch` with these constexprs and pointer types; the other
     arguments fp32 or int32, sizes and strides divisible by 16 as Triton marks them."""
+    params = list(inspect.signature(kernel.fn).parameters)
     signature = {p: "constexpr" if p in constants else pointers.get(p, "fp32" if p in FLOATS else "i32")
-                 for p in PARAMS}
-    aligned = [p for p in PARAMS if signature[p].startswith("*") or
+                 for p in params}
+    aligned = [p for p in params if signature[p].startswith("*") or
                (signature[p] == "i32" and p in ("R", "C", "CP", "sxr", "sxc", "sor", "ssr"))]
-    src = ASTSource(fn=KERNEL, signature=signature,
-                    constexprs={(PARAMS.index(p),): v for p, v in constants.items()},
-                    attrs={(PARAMS.index(p),): [["tt.divisibility", 16]] for p in aligned})
+    src = ASTSource(fn=kernel, signature=signature,
+                    constexprs={(params.index(p),): v for p, v in constants.items()},
+                    attrs={(params.index(p),): [["tt.divisibility", 16]] for p in aligned})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
 
 
@@ -250,7 +275,9 @@ def main() -> None:
                     print(f"| {name} | {'SR' if stochastic else 'nearest'} | {'yes' if hadamard else 'no'} | {along} | "
                           f"{tr} × {tc}{' as rows' if as_rows else ''}{', two elements a word' if lanes else ''}"
                           f"{', whole blocks a thread' if whole else ''}"
-                          f"{', rows of a transposed copy' if copied_first(name, hadamard, along) else ''} | {n} | "
+                          f"{', whole blocks down the columns' if down(name, hadamard, along, stochastic) else ''}"
+                          f"{', rows of a transposed copy' if copied_first(name, hadamard, along, stochastic) else ''}"
+                          f" | {n} | "
                           f"{n / per_thread:.1f} | {alu(ops) / per_thread:.1f} | {regs} | {shared} | "
                           + " | ".join(str(ops[k]) for k in SHOWN) + " |", flush=True)
 

@@ -663,6 +663,76 @@ def test_whole_blocks_a_thread_in_an_fp32_tile_give_the_reference_values(name):
     assert rowblock.whole_fp32_possible(b, wide, True) and not rowblock.row_read_whole_fp32(b, wide, True, None, True)
 
 
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp6_e3m2"])
+def test_whole_blocks_down_columns_give_the_reference_values(name, monkeypatch):
+    """`rowblock.column_whole_possible`: the values of a column read (a transposed view: the
+    weight-gradient operands) of 1 × bc blocks with power-of-two or two-level scales can be made
+    with whole blocks down the memory's rows (`_column_whole_kernel`, whole_down). Its
+    values, scales and tensor scale are the reference's — nearest and stochastic rounding, with
+    and without the recipes' transform, bf16 and fp32, NaN/inf/zero/−0/subnormal blocks, rows
+    that do not fill a tile, a last block cut short, a thread holding 2 rows of a block column
+    (the default rounding to nearest), 1 (stochastic: a block over 4 threads), 8 or 4 rows of
+    it — and it is refused where it cannot
+    run: a row read, codes, fp32 scales by the amax rule, a copy to rows asked for as well. By
+    default: bf16 values of 1 × 32 blocks under the 32-point transform, with no copy to rows
+    (`column_read_whole`)."""
+    from fewerbits.kernels import rowblock, transpose
+    from fewerbits.rounding import draw_seed
+
+    scheme = fb.get_scheme(name)
+    bc = scheme.block[1]
+    x = torch.from_numpy(hard_matrix(200, 70, seed=12, specials=True)).to(DEVICE)
+    x[:bc, 3] = -0.0
+    for t in (x, x.bfloat16()):
+        for rounding in ("nearest", "stochastic"):
+            for h in (None, fb.Hadamard(bc, seed=4)) if bc in (16, 32) else (None,):
+                X = t.t() if h is None else t[:192].t()  # (70, 200 or 192) read down its columns
+                assert X.stride(0) == 1
+                gen = lambda: torch.Generator(device=DEVICE).manual_seed(6)  # noqa: E731
+                seed = draw_seed(X.device, gen()) if rounding == "stochastic" else None
+                q = fb.quantize(X if h is None else h.transform(X, dim=-1), scheme, rounding=rounding, generator=gen())
+                ref = q.dequantize_matrix(torch.bfloat16, tensor_scale=False)
+                for tile in ({}, dict(tile_r=256, num_warps=1), dict(tile_r=128, num_warps=1)):
+                    values, scales, ts = rowblock.quantize_rowblocks(X, scheme, seed, values=True, hadamard=h,
+                                                                     whole_down=True, **tile)
+                    case = (t.dtype, rounding, h is not None, tile)
+                    assert same_values(values, ref), case
+                    assert torch.equal(scales.view(torch.uint8), q.scale.view(torch.uint8)), case
+                    assert (ts is None and q.tensor_scale is None) or torch.equal(ts, q.tensor_scale), case
+                assert rowblock.column_read_whole(X, scheme, True, h, seed is not None) == (
+                    t.dtype == torch.bfloat16 and h is not None and bc == 32)
+    b = x.bfloat16()
+    for view, s, values in ((b, scheme, True), (b.t(), scheme, False), (b.t(), fb.get_scheme("fp8_e4m3_1x128"), True)):
+        assert not rowblock.column_whole_possible(view, s, values)
+        with pytest.raises(ValueError, match="whole_down"):
+            rowblock.quantize_rowblocks(view, s, None, values=values, whole_down=True)
+    with pytest.raises(ValueError, match="whole_down"):
+        rowblock.quantize_rowblocks(b.t(), scheme, None, values=True, whole_down=True, transpose_first=True)
+    # the default: whole blocks down the columns for 1 x 32 blocks under the transform, no copy to rows
+    h = fb.Hadamard(bc, seed=4) if bc in (16, 32) else None
+    X = b[:192].t()
+    real, calls = transpose.transpose, []
+    monkeypatch.setattr(transpose, "transpose", lambda t: calls.append(t.shape) or real(t))
+    kernel, grids = rowblock._column_whole_kernel, []
+
+    class Launches:  # records the grids `_column_whole_kernel` is launched on
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(rowblock, "_column_whole_kernel", Launches())
+    for rounding in ("nearest", "stochastic"):
+        gen = lambda: torch.Generator(device=DEVICE).manual_seed(9)  # noqa: E731
+        seed = draw_seed(X.device, gen()) if rounding == "stochastic" else None
+        grids.clear()
+        values, _, _ = rowblock.quantize_rowblocks(X, scheme, seed, values=True, hadamard=h)
+        tile_r = rowblock.COLUMN_WHOLE_TILES[seed is not None][0]
+        assert grids == ([(-(-X.shape[0] // tile_r), X.shape[1] // bc)] if bc == 32 else []), rounding
+        assert calls == [], rounding
+        q = fb.quantize(X if h is None else h.transform(X, dim=-1), scheme, rounding=rounding, generator=gen())
+        assert same_values(values, q.dequantize_matrix(torch.bfloat16, tensor_scale=False)), rounding
+
+
 @pytest.mark.parametrize("name, rule", [("mxfp4", "floor"), ("mxfp4", "rceil"), ("mxfp6_e2m3", "floor"),
                                         ("mxfp6_e3m2", "rceil"), ("mxfp8_e4m3", "rceil"), ("mxfp8_e5m2", "even"),
                                         ("fp8_e4m3_1x128", "rceil"),  # fp32 scales, powers of two

@@ -84,12 +84,13 @@ def _add(a, b):
 
 @triton.jit
 def _hadamard_blocks(x, signs, h_scale, N: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
-                     BY_SPLIT: tl.constexpr = False):
+                     BY_SPLIT: tl.constexpr = False, DOWN: tl.constexpr = False):
     """hadamard.py's transform of every BC-block of an fp32 tile of N blocks whose last axes hold
     a block's elements in order — (TILE_R, NB, BC), or (NB, TILE_R, K, V), block element V·k + e
-    at [.., .., k, e] — in hadamard.py's order: the signs (`signs`, broadcast to a block's axes),
-    the butterfly stages s = 1, 2, 4, … (the pair (i, i + s) becomes (sum, difference), each one
-    float32 addition), then × fp32(1/√BC).
+    at [.., .., k, e] — or, DOWN, of the (BC, N) tile whose columns are the blocks, in
+    hadamard.py's order: the signs (`signs`, broadcast to a block's axes), the butterfly stages
+    s = 1, 2, 4, … (the pair (i, i + s) becomes (sum, difference), each one float32 addition),
+    then × fp32(1/√BC).
 
     Two forms of a stage, the same additions: compiled, a reduction over an axis of two (by
     `_add`, not tl.sum, whose interpreted form starts from +0 and so turns −0 + −0 into +0),
@@ -99,15 +100,25 @@ def _hadamard_blocks(x, signs, h_scale, N: tl.constexpr, BC: tl.constexpr, STAGE
     (Compiled, the split form moves the tile through shared memory, with barriers:
     scripts/kernel_sass.py.)"""
     x = x * signs
-    pm = (1 - 2 * tl.arange(0, 2)).to(tl.float32)[None, None, :, None]  # +1, −1
+    AXIS: tl.constexpr = 1 if DOWN else 2  # the pair's axis in the tile seen as 4-D below
+    if DOWN:
+        pm = (1 - 2 * tl.arange(0, 2)).to(tl.float32)[None, :, None, None]  # +1, −1
+    else:
+        pm = (1 - 2 * tl.arange(0, 2)).to(tl.float32)[None, None, :, None]
     for st in tl.static_range(STAGES):  # BC = 2^STAGES; stage st pairs i and i + 2^st
-        y = tl.reshape(x, (N, BC >> (st + 1), 2, 1 << st))
-        if BY_SPLIT:  # the pair's axis last, split: y_i and y_{i+2^st}
+        if DOWN:
+            y = tl.reshape(x, (BC >> (st + 1), 2, 1 << st, N))
+        else:
+            y = tl.reshape(x, (N, BC >> (st + 1), 2, 1 << st))
+        if BY_SPLIT and DOWN:  # the pair's axis last, split: y_i and y_{i+2^st}
+            a, b = tl.split(tl.permute(y, (0, 2, 3, 1)))
+            x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 3, 1, 2)), x.shape)
+        elif BY_SPLIT:
             a, b = tl.split(tl.permute(y, (0, 1, 3, 2)))
             x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), x.shape)
         else:
-            total = tl.reduce(y, 2, _add, keep_dims=True)  # y_i + y_{i+2^st}
-            diff = tl.reduce(y * pm, 2, _add, keep_dims=True)  # y_i − y_{i+2^st}
+            total = tl.reduce(y, AXIS, _add, keep_dims=True)  # y_i + y_{i+2^st}
+            diff = tl.reduce(y * pm, AXIS, _add, keep_dims=True)  # y_i − y_{i+2^st}
             x = tl.reshape(tl.where(pm > 0, total, diff), x.shape)
     return x * h_scale
 
@@ -588,6 +599,61 @@ def _rowblock_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, CP, sxr, sxc, so
                           NATIVE_MAX)
 
 
+@triton.jit
+def _column_whole_kernel(x_ptr, seed_ptr, out_ptr, scale_ptr, R, C, sxc, sor, ssr, elem_max, rcp_max, tensor_scales_ptr,
+                         signs_ptr, h_scale, enc_numerator, s_dec_ptr, BC: tl.constexpr, TILE_R: tl.constexpr,
+                         RULE: tl.constexpr, KMIN: tl.constexpr, KMAX: tl.constexpr, EMAX_ELEM: tl.constexpr,
+                         PACK: tl.constexpr, E: tl.constexpr, M: tl.constexpr, BIAS: tl.constexpr,
+                         EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr, BITS: tl.constexpr,
+                         HAS_NAN: tl.constexpr, NAN_CODE: tl.constexpr, IS_INT: tl.constexpr,
+                         MAX_VALUE: tl.constexpr, NATIVE_MAX: tl.constexpr, SCALE_CODES: tl.constexpr,
+                         X_BF16: tl.constexpr, H_STAGES: tl.constexpr, H_SPLIT: tl.constexpr = False,
+                         NATIVE_BF16: tl.constexpr = False, VEC: tl.constexpr = 8,
+                         STOCHASTIC: tl.constexpr = False):
+    """The values (bf16; rounded to nearest, or stochastically with `_rowblock_kernel`'s noise)
+    and block scales of the 1 × BC blocks of the (R, C) matrix X given as a column read — X[r, c]
+    at r + c·sxc, a transposed view — with its blocks down memory's rows (`column_read_whole`).
+    A program reads one column of blocks, X's columns c₀ … c₀ + BC − 1 (BC of memory's rows),
+    over TILE_R of its rows (neighbours in memory, VEC of them a thread), as a (BC, TILE_R) fp32
+    tile. With VEC ≥ 2 Triton keeps the tile's axis 0 in each thread, so that a block's transform
+    stages (H_STAGES), amax, scale and factor are made by one thread with no lane shuffles; with
+    VEC 1 it spreads a block over 4 threads (8 elements each, for BC = 32) joined by shuffles.
+    The values go to the row-major (R, C) out, a block's BC in a row, the scales (codes where
+    SCALE_CODES) to the (R, C / BC) scale_ptr. The arithmetic is `_rowblock_kernel`'s, so the
+    bits are its own and the reference's."""
+    tl.static_assert(RULE >= 1 and not IS_INT)
+    # VEC of a thread's rows a load: the contiguity Triton is told, from which it lays the tile
+    # out (fewer than 16 bytes' worth keeps the registers of a thread's VEC · BC elements and the
+    # work on them from spilling)
+    rows = tl.max_contiguous(tl.program_id(0) * TILE_R + tl.arange(0, TILE_R), VEC)
+    block = tl.program_id(1)
+    cols = block * BC + tl.arange(0, BC)
+    inside = (cols < C)[:, None] & (rows < R)[None, :]
+    x = _load_fp32(x_ptr + cols[:, None] * sxc + rows[None, :], inside, X_BF16)
+    if H_STAGES > 0:  # (C a multiple of BC: no padding in a block)
+        signs = tl.load(signs_ptr + tl.arange(0, BC))[:, None]
+        x = _hadamard_blocks(x, signs, h_scale, TILE_R, BC, H_STAGES, H_SPLIT, DOWN=True)
+    amax = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0).to(tl.float32, bitcast=True)
+    scale, factor, code = _block_scale(amax, elem_max, rcp_max, tensor_scales_ptr, enc_numerator, s_dec_ptr,
+                                       RULE, KMIN, KMAX, EMAX_ELEM, M)
+    if SCALE_CODES:
+        tl.store(scale_ptr + rows * ssr + block, code.to(tl.uint8), mask=rows < R)
+    else:
+        tl.store(scale_ptr + rows * ssr + block, scale, mask=rows < R)
+    noise = 0
+    if STOCHASTIC:
+        noise = _seed_noise(seed_ptr, rows[None, :], cols[:, None], C)
+    elems = _round_values(x * factor[None, :], noise, M, BIAS, EMIN, EMAX, MAX_CODE, MAX_VALUE, HAS_NAN, STOCHASTIC,
+                          E, NATIVE_MAX)
+    values = elems * scale[None, :]
+    if NATIVE_BF16:  # as `_rowblock_kernel`'s: a block whose scale is NaN takes 0x7FC0
+        nan16 = tl.full((1, 1), 0x7FC0, tl.uint16).to(tl.bfloat16, bitcast=True)
+        out = tl.where((scale == scale)[None, :], values.to(tl.bfloat16), nan16)
+    else:
+        out = _to_bf16(values)
+    tl.store(out_ptr + rows[None, :] * sor + cols[:, None], out, mask=inside)
+
+
 @triton.jit(do_not_specialize=["row_stride"])
 def _hadamard_amax_kernel(x_ptr, amax_bits_ptr, R, C, sxr, sxc, row_stride, signs_ptr, h_scale, BC: tl.constexpr,
                           TILE_R: tl.constexpr, TILE_C: tl.constexpr, STAGES: tl.constexpr, X_BF16: tl.constexpr,
@@ -937,11 +1003,45 @@ def column_read_transposed_first(X: torch.Tensor, scheme: Scheme, values: bool, 
     """Whether the kernel reads a row-major copy of a column read of X instead of X itself: the
     values of 1 × bc blocks under a Hadamard transform of 32 points (mxfp4's weight-gradient
     operands), the one column read that neither layout of the kernel (`column_read_as_rows`)
-    takes near the speed of a row read. The copy is made by the tiled transpose kernel
-    (kernels/transpose.py) and freed when the kernel is done; timings in docs/kernels-notes.md
-    (v22)."""
+    takes near the speed of a row read, where they are not made with whole blocks down the
+    memory's rows (`column_read_whole`, which `quantize_rowblocks` asks first: bf16 X). The
+    copy is made by the tiled transpose kernel (kernels/transpose.py) and freed when the kernel is
+    done; timings in docs/kernels-notes.md (v22)."""
     br, bc = scheme.block
     return values and br == 1 and _column_read(X) and hadamard is not None and bc == 32
+
+
+def column_whole_possible(X: torch.Tensor, scheme: Scheme, values: bool) -> bool:
+    """Whether the values of a column read of X can be made with whole blocks down the memory's
+    rows (`_column_whole_kernel`): 1 × bc blocks of floating-point elements with
+    power-of-two or NVFP4's two-level scales, X bf16 or fp32, rounded to nearest or
+    stochastically, under a Hadamard transform of the block's size or none."""
+    return (values and _column_read(X) and scheme.block[0] == 1 and rule_of(scheme) != "amax"
+            and not scheme.elem.is_integer and X.dtype in (torch.bfloat16, torch.float32))
+
+
+def column_read_whole(X: torch.Tensor, scheme: Scheme, values: bool, hadamard=None, stochastic: bool = False) -> bool:
+    """Whether a column read's values are made with whole blocks down the memory's rows
+    (`column_whole_possible`) by default: bf16 values of 1 × 32 blocks under the 32-point
+    transform (mxfp4's weight-gradient operands, the gradient rounded stochastically, the input
+    to nearest), which otherwise read a copy of X in rows (`column_read_transposed_first`). On
+    the H200, bf16 X read down its columns, 8192 x 14336 (docs/kernels-notes.md, v75): rounded to
+    nearest 0.2560 ms through the copy, 0.1614 with whole blocks down the columns; stochastically
+    0.3653 → 0.2877. Every other case timed there was slower with them at its best tile, or
+    within 2%: NVFP4 under its transform 0.1645 → 0.2134 (nearest), 0.2655 → 0.2913
+    (stochastic); MXFP4 without one 0.1407 → 0.1566; MXFP8 0.1399 → 0.1574 (nearest),
+    0.2524 → 0.2489 (stochastic, 32 rows at 1 warp)."""
+    return (column_whole_possible(X, scheme, values) and X.dtype == torch.bfloat16
+            and hadamard is not None and scheme.block[1] == 32)
+
+
+# Whole blocks down a column read's memory rows (`_column_whole_kernel`), by rounding (stochastic
+# or not): (rows, warps) of a program's tile, one column of blocks wide, the fastest of those timed
+# on the H200 (docs/kernels-notes.md, v75). Rounded to nearest, 2 rows a thread: whole 32-element
+# blocks in a thread, 111 registers (sm_90, triton 3.6.0: scripts/kernel_sass.py). Stochastically,
+# 1 row a thread, for which Triton spreads a block over 4 threads, 8 elements each, joined by lane
+# shuffles: 80 registers, faster than 2 rows of whole blocks a thread (168 registers).
+COLUMN_WHOLE_TILES = {False: (64, 1), True: (128, 4)}
 
 
 def square_column_read_transposed(X: torch.Tensor, scheme: Scheme, values: bool = False) -> bool:
@@ -1042,7 +1142,7 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                        num_warps: int | None = None, as_rows: bool | None = None,
                        transpose_first: bool | None = None, tensor_amax: torch.Tensor | None = None,
                        fp64: bool | None = None, transposed: bool | None = None, pairs: bool | None = None,
-                       lanes: bool | None = None, whole: bool | None = None):
+                       lanes: bool | None = None, whole: bool | None = None, whole_down: bool | None = None):
     """(codes, stored block scales, per-tensor decode scale or None) of the (R, C) matrix X.
 
     Codes and scales are stored as QuantizedTensor stores them: codes packed (fp4 two a byte,
@@ -1069,6 +1169,9 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     whole: a row read in lanes with whole blocks in each thread (default: `row_read_whole`), or,
     not in lanes, the values of a row read with whole blocks a thread in an fp32 tile (default:
     `row_read_whole_fp32`); the same bits again.
+    whole_down: the values of a column read with whole blocks down the memory's rows
+    (default: `column_read_whole`; tile_r rows, one column of blocks, a program: default
+    `COLUMN_WHOLE_TILES`, by rounding); the same bits again.
     tensor_amax: NVFP4's tensor amax (fp32, 0-d) where the caller has it already — that of X,
     or of its transform under `hadamard` (`two_amaxes`) — instead of a pass over X for it.
     """
@@ -1077,8 +1180,17 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     if hadamard is not None and not hadamard_fusable(scheme, hadamard, C):
         raise ValueError(f"a Hadamard transform of size {hadamard.size} cannot be fused into {scheme.name} "
                          f"blocks of {br}x{bc} over {C} columns")
+    stochastic = seed is not None
+    if whole_down is None:  # (not where the caller asks for a layout of `_rowblock_kernel`)
+        whole_down = (transpose_first is not True and as_rows is None and not (pairs or lanes or whole)
+                      and column_read_whole(X, scheme, values, hadamard, stochastic))
+    elif whole_down and (transpose_first or lanes or whole or pairs
+                         or not column_whole_possible(X, scheme, values)):
+        raise ValueError("whole_down: the values of a bf16 or fp32 column read (not copied to rows first, not in "
+                         "lanes, pairs or whole blocks along rows) of 1 x bc blocks of floating-point elements with "
+                         "power-of-two or two-level scales")
     if transpose_first is None:
-        transpose_first = column_read_transposed_first(X, scheme, values, hadamard)
+        transpose_first = not whole_down and column_read_transposed_first(X, scheme, values, hadamard)
     if transpose_first and X.numel():
         from .transpose import transpose
 
@@ -1090,10 +1202,10 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         as_rows = column_read_as_rows(X, scheme, hadamard)
     if transposed is None:
         transposed = square_column_read_transposed(X, scheme, values)
-    stochastic = seed is not None
     if lanes is None:
-        lanes = (row_read_in_lanes(X, scheme, values, hadamard, stochastic)
-                 or as_rows and pairs is not False and column_read_in_lanes(X, scheme, values, hadamard, stochastic))
+        lanes = not whole_down and (
+            row_read_in_lanes(X, scheme, values, hadamard, stochastic)
+            or as_rows and pairs is not False and column_read_in_lanes(X, scheme, values, hadamard, stochastic))
     elif lanes and not (lanes_possible(X, scheme, values, hadamard, stochastic)
                         and (as_rows or not _column_read(X)) and pairs is not False):
         raise ValueError("lanes: a bf16 row read (an even number of columns, an even row stride, a start aligned to "
@@ -1102,14 +1214,17 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
                          "floating-point (or NVFP4, read along rows) values or FP4/FP6 codes rounded to nearest, "
                          "without a transform")
     if whole is None:
-        whole = (row_read_whole(X, scheme, values) if lanes else
-                 not as_rows and row_read_whole_fp32(X, scheme, values, hadamard, stochastic))
+        whole = not whole_down and (row_read_whole(X, scheme, values) if lanes else
+                                    not as_rows and row_read_whole_fp32(X, scheme, values, hadamard, stochastic))
     elif whole and not (whole_possible(X, scheme, values) if lanes else
                         not as_rows and whole_fp32_possible(X, scheme, values)):
         raise ValueError("whole: a row read worked two elements a word (lanes), of values, FP4 codes or the FP6 "
                          "codes of 1 x 32 blocks over a multiple of 16 columns; or not in lanes, a bf16 or fp32 "
                          "row read of the values of 1 x bc blocks with power-of-two or two-level scales")
-    rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed, lanes, whole)
+    if whole_down:  # one column of blocks a program
+        (rows, warps), cols = COLUMN_WHOLE_TILES[stochastic], bc
+    else:
+        rows, cols, warps = tile_of(X, scheme, values, as_rows, transposed, lanes, whole)
     if br > 1:  # a square-block tile is one block row
         tile_r = br
     tile_r, tile_c, num_warps = tile_r or rows, tile_c or cols, num_warps or warps
@@ -1139,6 +1254,17 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         s_dec = torch.empty((), dtype=torch.float32, device=X.device)
     if X.numel() == 0:
         return finish(codes, elem), scales, s_dec
+    if whole_down:
+        constants = _scheme_constants(scheme, rule_of(scheme), X.device)
+        _column_whole_kernel[(cdiv(R, tile_r), nb)](
+            _bits(X), seed if seed is not None else scales, codes, scales, R, C, X.stride(1), codes.stride(0), scales.stride(0),
+            tensor_scales_ptr=tensor_amax, signs_ptr=hadamard.signs_tensor(X.device) if hadamard is not None else scales,
+            h_scale=hadamard.scale if hadamard is not None else 1.0, s_dec_ptr=s_dec if s_dec is not None else scales,
+            BC=bc, TILE_R=tile_r, SCALE_CODES=scale_codes, X_BF16=X.dtype == torch.bfloat16,
+            H_STAGES=bc.bit_length() - 1 if hadamard is not None else 0,
+            H_SPLIT=hadamard is not None and _interpreted(X), NATIVE_BF16=not _interpreted(X),
+            VEC=max(tile_r // (32 * num_warps), 1), STOCHASTIC=stochastic, num_warps=num_warps, **constants)
+        return codes, scales, s_dec
     if pairs is None:  # (a column read in lanes is loaded in pairs)
         pairs = as_rows and (lanes or column_read_in_pairs(X, scheme, tile_r))
     elif pairs and not (as_rows and pairs_possible(X, tile_r)):
