@@ -673,7 +673,7 @@ def test_whole_blocks_down_columns_give_the_reference_values(name, monkeypatch):
     that do not fill a tile, a last block cut short, a thread holding 2 rows of a block column
     (the default rounding to nearest), 1 (stochastic: a block over 4 threads), 8 or 4 rows of
     it — and it is refused where it cannot
-    run: a row read, codes, fp32 scales by the amax rule, a copy to rows asked for as well. By
+    run: a row read, codes, fp32 scales by the amax rule, another layout asked for as well. By
     default: bf16 values of 1 × 32 blocks under the 32-point transform, with no copy to rows
     (`column_read_whole`)."""
     from fewerbits.kernels import rowblock, transpose
@@ -706,8 +706,9 @@ def test_whole_blocks_down_columns_give_the_reference_values(name, monkeypatch):
         assert not rowblock.column_whole_possible(view, s, values)
         with pytest.raises(ValueError, match="whole_down"):
             rowblock.quantize_rowblocks(view, s, None, values=values, whole_down=True)
-    with pytest.raises(ValueError, match="whole_down"):
-        rowblock.quantize_rowblocks(b.t(), scheme, None, values=True, whole_down=True, transpose_first=True)
+    for layout in (dict(transpose_first=True), dict(as_rows=True), dict(lanes=True)):
+        with pytest.raises(ValueError, match="whole_down"):
+            rowblock.quantize_rowblocks(b.t(), scheme, None, values=True, whole_down=True, **layout)
     # the default: whole blocks down the columns for 1 x 32 blocks under the transform, no copy to rows
     h = fb.Hadamard(bc, seed=4) if bc in (16, 32) else None
     X = b[:192].t()

@@ -1184,11 +1184,11 @@ def quantize_rowblocks(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     if whole_down is None:  # (not where the caller asks for a layout of `_rowblock_kernel`)
         whole_down = (transpose_first is not True and as_rows is None and not (pairs or lanes or whole)
                       and column_read_whole(X, scheme, values, hadamard, stochastic))
-    elif whole_down and (transpose_first or lanes or whole or pairs
+    elif whole_down and (transpose_first or as_rows is not None or lanes or whole or pairs
                          or not column_whole_possible(X, scheme, values)):
-        raise ValueError("whole_down: the values of a bf16 or fp32 column read (not copied to rows first, not in "
-                         "lanes, pairs or whole blocks along rows) of 1 x bc blocks of floating-point elements with "
-                         "power-of-two or two-level scales")
+        raise ValueError("whole_down: the values of a bf16 or fp32 column read (not copied to rows first, not laid "
+                         "out as rows, in lanes, pairs or whole blocks along rows) of 1 x bc blocks of floating-point "
+                         "elements with power-of-two or two-level scales")
     if transpose_first is None:
         transpose_first = not whole_down and column_read_transposed_first(X, scheme, values, hadamard)
     if transpose_first and X.numel():
