@@ -672,10 +672,9 @@ def test_whole_blocks_down_columns_give_the_reference_values(name, monkeypatch):
     and without the recipes' transform, bf16 and fp32, NaN/inf/zero/−0/subnormal blocks, rows
     that do not fill a tile, a last block cut short, a thread holding 2 rows of a block column
     (the default rounding to nearest), 1 (stochastic: a block over 4 threads), 8 or 4 rows of
-    it — and it is refused where it cannot
-    run: a row read, codes, fp32 scales by the amax rule, another layout asked for as well. By
-    default: bf16 values of 1 × 32 blocks under the 32-point transform, with no copy to rows
-    (`column_read_whole`)."""
+    it — and it is refused where it cannot run: a row read, codes, fp32 scales by the amax
+    rule, another layout asked for as well. By default: bf16 values of 1 × 32 blocks under the
+    32-point transform, with no copy to rows (`column_read_whole`)."""
     from fewerbits.kernels import rowblock, transpose
     from fewerbits.rounding import draw_seed
 
