@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import fewerbits.bench as bench
 from fewerbits.benchmark import time_ms
+from fewerbits.linear import share_input_scales
 from fewerbits.models import Llama, get_preset
 from fewerbits.train.precision import apply_recipe
 
@@ -77,6 +78,7 @@ def profile_recipe(recipe, model_cfg, x, y, args, device):
         bench._torchao_convert(model, recipe.split(":", 1)[1])
     else:
         apply_recipe(model, recipe, device=device)
+    share_input_scales(model, x[:1])  # as bench train and the trainer: delayed scaling's shared input scales
     compiled = args.compile or args.compile_blocks
     step = bench.training_step(model, x, y, compile=args.compile, device=device, autocast=autocast,
                                blocks=args.compile_blocks)
