@@ -10,7 +10,7 @@ import fewerbits as fb
 from fewerbits import kernels
 from fewerbits.codes import decode
 from fewerbits.kernels.cast import _round_codes, _round_values, format_constants, native_fp8
-from fewerbits.kernels.rowblock import _divisor, _hadamard_blocks, _quotient
+from fewerbits.kernels.rowblock import _divisor, _hadamard_blocks, _quotient, _scheme_constants
 from fewerbits.rounding import round_to_codes
 from test_quantize import MX, hard_matrix
 
@@ -972,6 +972,19 @@ def _expect_native(fmt, device) -> dict:
     constants = format_constants(fmt, device)
     assert (constants["NATIVE_MAX"] == fmt.max) == expected_native == native_fp8(fmt, device)
     return constants
+
+
+def test_the_launch_constants_made_once_are_read_only():
+    """The kernels' constants are made once per format (or scheme) and device and shared by every
+    launch: a caller that changed them would change every later cast, so they refuse it."""
+    fmt_constants = format_constants(fb.formats.get_format("fp8_e4m3"), torch.device(DEVICE))
+    scheme = fb.schemes.get_scheme("mxfp8_e4m3")
+    launch = _scheme_constants(scheme, scheme.scale_rule, torch.device(DEVICE))
+    assert launch["MAX_VALUE"] == 448.0 and fmt_constants["M"] == 3
+    for constants, key in ((fmt_constants, "M"), (launch, "MAX_VALUE")):
+        with pytest.raises(TypeError):
+            constants[key] = 0
+    assert dict(**launch)["MAX_VALUE"] == 448.0  # still unpacked as keyword arguments
 
 
 @pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])

@@ -26,6 +26,7 @@ bits (tests/test_kernels.py checks both against the reference on the GPU).
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 
 import torch
 import triton
@@ -476,14 +477,14 @@ def cdiv(a: int, b: int) -> int:
 
 
 @functools.cache
-def format_constants(fmt: FloatFormat, device: torch.device | None = None) -> dict:
+def format_constants(fmt: FloatFormat, device: torch.device | None = None) -> MappingProxyType:
     """The element format as the kernels' compile-time constants; with the device the kernel
     runs on, NATIVE_MAX: the format's max where `native_fp8` holds, else 0. (Made once per
-    format and device: callers unpack the dict, never change it.)"""
-    return dict(E=fmt.exp_bits, M=fmt.man_bits, BIAS=fmt.bias, EMIN=fmt.emin, EMAX=fmt.emax,
+    format and device and shared by every caller, so read-only: callers unpack it.)"""
+    return MappingProxyType(dict(E=fmt.exp_bits, M=fmt.man_bits, BIAS=fmt.bias, EMIN=fmt.emin, EMAX=fmt.emax,
                 MAX_CODE=fmt.max_code, BITS=fmt.bits, HAS_NAN=fmt.has_nan,
                 NAN_CODE=fmt.nan_code or 0, IS_INT=fmt.is_integer,
-                NATIVE_MAX=float(fmt.max) if native_fp8(fmt, device) else 0.0)
+                NATIVE_MAX=float(fmt.max) if native_fp8(fmt, device) else 0.0))
 
 
 @triton.jit

@@ -43,6 +43,7 @@ in the thread.
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 
 import torch
 import triton
@@ -1360,15 +1361,16 @@ def _launch(X, seed, codes, scales, scheme: Scheme, rule: str, tensor_amax, amax
 
 
 @functools.cache
-def _scheme_constants(scheme: Scheme, rule: str, device: torch.device) -> dict:
+def _scheme_constants(scheme: Scheme, rule: str, device: torch.device) -> MappingProxyType:
     """The kernel's arguments that follow from the scheme, its rule and the device alone, made
     once: derived from the formats' descriptions, they took about a third of the host's time of
-    a launch (docs/kernels-notes.md, v38), which the compiled steps pay for every cast."""
+    a launch (docs/kernels-notes.md, v38), which the compiled steps pay for every cast. Shared
+    by every launch, so read-only."""
     elem, fmt = scheme.elem, scheme.scale_fmt
-    return dict(elem_max=float(elem.max), rcp_max=_reciprocal_of_max(elem.max),
+    return MappingProxyType(dict(elem_max=float(elem.max), rcp_max=_reciprocal_of_max(elem.max),
                 enc_numerator=float(fmt.max * elem.max), RULE=RULES[rule], KMIN=fmt.emin, KMAX=fmt.emax,
                 EMAX_ELEM=elem.emax, PACK=2 if elem.bits == 4 else 1, MAX_VALUE=float(elem.max),
-                **format_constants(elem, device))
+                **format_constants(elem, device)))
 
 
 def rule_of(scheme: Scheme) -> str:
