@@ -965,7 +965,7 @@ def _edge_values(fmt) -> torch.Tensor:
     return v
 
 
-def _expect_native(fmt, device) -> dict:
+def _expect_native(fmt, device):
     """The format's kernel constants, after checking that they take the GPU's conversion exactly
     where one is expected (NVIDIA from sm_89; not Triton's interpreter)."""
     expected_native = DEVICE == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability() >= (8, 9)
@@ -977,14 +977,14 @@ def _expect_native(fmt, device) -> dict:
 def test_the_launch_constants_made_once_are_read_only():
     """The kernels' constants are made once per format (or scheme) and device and shared by every
     launch: a caller that changed them would change every later cast, so they refuse it."""
-    fmt_constants = format_constants(fb.formats.get_format("fp8_e4m3"), torch.device(DEVICE))
     scheme = fb.schemes.get_scheme("mxfp8_e4m3")
+    fmt_constants = format_constants(scheme.elem, torch.device(DEVICE))
     launch = _scheme_constants(scheme, scheme.scale_rule, torch.device(DEVICE))
-    assert launch["MAX_VALUE"] == 448.0 and fmt_constants["M"] == 3
+    assert launch["MAX_VALUE"] == scheme.elem.max and fmt_constants["M"] == scheme.elem.man_bits
     for constants, key in ((fmt_constants, "M"), (launch, "MAX_VALUE")):
         with pytest.raises(TypeError):
             constants[key] = 0
-    assert dict(**launch)["MAX_VALUE"] == 448.0  # still unpacked as keyword arguments
+    assert dict(**launch)["MAX_VALUE"] == scheme.elem.max  # still unpacked as keyword arguments
 
 
 @pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])

@@ -481,10 +481,10 @@ def format_constants(fmt: FloatFormat, device: torch.device | None = None) -> Ma
     """The element format as the kernels' compile-time constants; with the device the kernel
     runs on, NATIVE_MAX: the format's max where `native_fp8` holds, else 0. (Made once per
     format and device and shared by every caller, so read-only: callers unpack it.)"""
-    return MappingProxyType(dict(E=fmt.exp_bits, M=fmt.man_bits, BIAS=fmt.bias, EMIN=fmt.emin, EMAX=fmt.emax,
-                MAX_CODE=fmt.max_code, BITS=fmt.bits, HAS_NAN=fmt.has_nan,
-                NAN_CODE=fmt.nan_code or 0, IS_INT=fmt.is_integer,
-                NATIVE_MAX=float(fmt.max) if native_fp8(fmt, device) else 0.0))
+    return MappingProxyType(dict(
+        E=fmt.exp_bits, M=fmt.man_bits, BIAS=fmt.bias, EMIN=fmt.emin, EMAX=fmt.emax, MAX_CODE=fmt.max_code,
+        BITS=fmt.bits, HAS_NAN=fmt.has_nan, NAN_CODE=fmt.nan_code or 0, IS_INT=fmt.is_integer,
+        NATIVE_MAX=float(fmt.max) if native_fp8(fmt, device) else 0.0))
 
 
 @triton.jit

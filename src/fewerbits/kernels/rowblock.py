@@ -1367,10 +1367,10 @@ def _scheme_constants(scheme: Scheme, rule: str, device: torch.device) -> Mappin
     a launch (docs/kernels-notes.md, v38), which the compiled steps pay for every cast. Shared
     by every launch, so read-only."""
     elem, fmt = scheme.elem, scheme.scale_fmt
-    return MappingProxyType(dict(elem_max=float(elem.max), rcp_max=_reciprocal_of_max(elem.max),
-                enc_numerator=float(fmt.max * elem.max), RULE=RULES[rule], KMIN=fmt.emin, KMAX=fmt.emax,
-                EMAX_ELEM=elem.emax, PACK=2 if elem.bits == 4 else 1, MAX_VALUE=float(elem.max),
-                **format_constants(elem, device)))
+    return MappingProxyType(dict(
+        elem_max=float(elem.max), rcp_max=_reciprocal_of_max(elem.max), enc_numerator=float(fmt.max * elem.max),
+        RULE=RULES[rule], KMIN=fmt.emin, KMAX=fmt.emax, EMAX_ELEM=elem.emax, PACK=2 if elem.bits == 4 else 1,
+        MAX_VALUE=float(elem.max), **format_constants(elem, device)))
 
 
 def rule_of(scheme: Scheme) -> str:
