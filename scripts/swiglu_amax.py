@@ -90,7 +90,7 @@ copy_dst = torch.empty_like(copy_src)
 cms = do_bench(lambda: copy_dst.copy_(copy_src), warmup=50, rep=300)
 copy_rate = 2 * copy_src.numel() * 2 / (cms * 1e-3) / 1e12
 print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-print(f"copy 1410 MB each way: {cms:.3f} ms, {copy_rate:.2f} TB/s")
+print(f"copy {copy_src.numel() * 2 / 1e6:.0f} MB each way: {cms:.3f} ms, {copy_rate:.2f} TB/s")
 
 ref_f = fwd(g, u); ref_b = bwd(g, u, dy)
 configs = {"default": {}, "coordinate_descent_tuning": {"coordinate_descent_tuning": True},
