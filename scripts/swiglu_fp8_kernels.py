@@ -1,0 +1,177 @@
+"""The kernels of a SwiGLU MLP between per-tensor FP8 Linears, compiled as the trainer compiles a
+block, under variants of the compile options and of how the per-tensor casts read their input;
+or `bench train`'s step under such variants.
+
+    PYTHONPATH=src python3 scripts/swiglu_fp8_kernels.py [--variants base flat ...] [--tokens 8192]
+    PYTHONPATH=src python3 scripts/swiglu_fp8_kernels.py --step --variants base flat -- <bench train args>
+
+The MLP is llama3-8b-8layers' (d 4096, ffn 14336; fp32 master weights, bf16 activations) under
+fp8_tensorwise, forward and backward on `--tokens` rows. For each variant it prints the step's
+median time (CUDA events), each kernel's GPU time a step (torch.profiler) and whether the
+output and every gradient equal the first variant's bit for bit; with --ncu it runs one step
+after the warm-up in an NVTX range named "measured" instead, for Nsight Compute. Variants:
+
+  base             the library as it is: compile_model's options, the amax as its rows' maxima,
+                   a per-tensor cast's input stored before its amax and its codes read it
+  unstored         that input not stored: inductor computes it again in each of the two kernels
+  flat             the amax as one reduction over the whole tensor, `vector_norm(x, inf)`
+  realize_opcount_10  inductor's realize_opcount_threshold at 10 (stores more of what is reused)
+  no_div_rounding  without correctly rounded division (not eager mode's bits: a diagnostic)
+  no_emulate       without emulate_precision_casts (not eager mode's bits: a diagnostic)
+  cdt              inductor's coordinate_descent_tuning on
+
+With --step, `fewerbits bench train` runs once per variant in one process (the variants that
+leave compile_model's options alone), each compiling its arms afresh.
+"""
+
+import argparse
+import contextlib
+import importlib
+import statistics
+import sys
+
+import torch
+import torch._inductor.config as inductor_config
+
+from fewerbits.convert import _division_rounding, compile_model
+
+# the modules (the package's names `quantize` and `linear` are its functions)
+quantize_mod = importlib.import_module("fewerbits.quantize")
+linear_mod = importlib.import_module("fewerbits.linear")
+kernels_mod = importlib.import_module("fewerbits.kernels")
+
+
+def flat_amax(x: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(x, ord=float("inf"))
+
+
+# name: (patches [(module, attribute, the replacement made from the original)], compile options,
+# global inductor config)
+VARIANTS = {
+    "base": ([], {}, {}),
+    "flat": ([(quantize_mod, "tensor_amax_of", lambda _: flat_amax),
+              (linear_mod, "tensor_amax_of", lambda _: flat_amax)], {}, {}),
+    "unstored": ([(kernels_mod, "_read_twice", lambda _: lambda *args: False)], {}, {}),
+    "realize_opcount_10": ([], {}, {"realize_opcount_threshold": 10}),
+    "no_div_rounding": ([], {k: False for k in _division_rounding()}, {}),
+    "no_emulate": ([], {"emulate_precision_casts": False}, {}),
+    "cdt": ([], {}, {"coordinate_descent_tuning": True}),
+}
+
+
+@contextlib.contextmanager
+def patched(patches):
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    for module, name, make in patches:
+        setattr(module, name, make(getattr(module, name)))
+    try:
+        yield
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+
+
+def mlp_variant(name, args, reference):
+    from torch.profiler import ProfilerActivity, profile
+
+    from fewerbits.models.llama import SwiGLU
+    from fewerbits.train.precision import apply_recipe
+
+    patches, options, config = VARIANTS[name]
+    dev = torch.device("cuda")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    mlp = SwiGLU(4096, 14336).to(dev)
+    apply_recipe(mlp, args.recipe, device=dev)
+    x = torch.randn(args.tokens, 4096, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(args.tokens, 4096, device=dev, dtype=torch.bfloat16)
+    with patched(patches), inductor_config.patch(config):
+        f = compile_model(mlp, options=options)
+
+        def step():
+            out = f(x)
+            out.backward(dy)
+            return out
+
+        out = step()
+        results = [out.detach(), x.grad] + [p.grad for p in mlp.parameters()]
+        for _ in range(3):
+            x.grad = None
+            mlp.zero_grad(set_to_none=True)
+            step()
+        if args.ncu:  # one step inside an NVTX range, for `ncu --nvtx --nvtx-include measured/`
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("measured")
+            step()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_pop()
+            return results
+        times = []
+        for _ in range(args.iters):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.profile_iters):
+                step()
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0:
+            rows.append((e.self_device_time_total / args.profile_iters / 1e3, e.count // args.profile_iters, e.key))
+    rows.sort(reverse=True)
+    same = "" if reference is None else (
+        f"; bits equal to {args.variants[0]}'s: {all(torch.equal(r, s) for r, s in zip(results, reference))}")
+    triton = sum(ms for ms, _, key in rows if key.startswith("triton_") or key.endswith("_kernel"))
+    print(f"\n=== {name}: {statistics.median(times):.3f} ms a step (median of {args.iters}; fastest "
+          f"{min(times):.3f}), {sum(r[0] for r in rows):.3f} ms of kernels, {triton:.3f} of them Triton's{same}")
+    for ms, n, key in rows[: args.top]:
+        print(f"  {ms:7.3f} {n:3d}  {key[:140]}")
+    return results
+
+
+def step_variant(name, bench_args):
+    from fewerbits.cli import main as cli
+
+    patches, options, config = VARIANTS[name]
+    if options:
+        raise SystemExit(f"variant {name} sets compile options, which bench train does not take")
+    print(f"\n=== bench train, variant {name}", flush=True)
+    torch._dynamo.reset()
+    with patched(patches), inductor_config.patch(config):
+        return cli(["bench", "train", *bench_args])
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    bench_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    ours = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--recipe", default="fp8_tensorwise")
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--profile-iters", type=int, default=3)
+    p.add_argument("--top", type=int, default=14)
+    p.add_argument("--ncu", action="store_true", help="no timing: one step after warm-up in an NVTX range 'measured'")
+    p.add_argument("--step", action="store_true", help="run bench train (the arguments after --) per variant")
+    args = p.parse_args(ours)
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
+    if args.step:
+        for name in args.variants:
+            rc = step_variant(name, bench_args)
+            if rc:
+                return rc
+        return 0
+    reference = None
+    for name in args.variants:
+        results = mlp_variant(name, args, reference)
+        reference = results if reference is None else reference
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
