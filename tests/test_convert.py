@@ -387,6 +387,53 @@ def test_compiled_swiglu_gradients_reach_both_copies_as_one_tensor(monkeypatch):
     assert same
 
 
+_VIEWS = ("view", "reshape", "_unsafe_view", "permute", "t", "transpose", "alias", "detach")
+
+
+def stored_by_graph(graph, into: list) -> None:
+    """Append to `into` the ops whose outputs a post-grad graph stores for a per-tensor cast
+    (`prims.inductor_force_stride_order`), each traced back through views; a graph input is
+    "placeholder" (stored already: the operator copies nothing)."""
+    for node in graph.nodes:
+        if node.target is torch.ops.prims.inductor_force_stride_order.default:
+            source = node.args[0]
+            while source.op == "call_function" and source.target.__name__.split(".")[0] in _VIEWS:
+                source = source.args[0]
+            into.append("placeholder" if source.op == "placeholder" else source.target.__name__.split(".")[0])
+
+
+@pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_delayed"])
+def test_compiled_per_tensor_casts_store_the_tensor_their_two_passes_read(recipe):
+    """A per-tensor cast that finds its amax from the tensor reads it twice, in two kernels (the
+    amax's reduction, then the codes); in a compiled graph the tensor is stored first, so that a
+    fused producer (the SwiGLU's output, forward; its gradients, backward) is computed once,
+    not again in each kernel. Delayed scaling's amax is given (its history), so it stores
+    nothing: its record of the amax and its codes are one pass. Outputs and every gradient are
+    eager mode's bits."""
+    import torch._inductor.config as inductor_config
+
+    from fewerbits.models.llama import SwiGLU
+
+    torch.manual_seed(0)
+    model = SwiGLU(32, 256).to(torch.bfloat16)
+    fb.convert(model, recipe, policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
+    x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # delayed scaling's histories too
+    stored = []
+    torch._dynamo.reset()
+    try:
+        with inductor_config.patch(post_grad_custom_post_pass=lambda graph: stored_by_graph(graph, stored)):
+            eager, grads, out, compiled_grads = eager_then_compiled(model, x, lambda m: m.load_state_dict(state))
+    finally:
+        torch._dynamo.reset()
+    computed = sorted(op for op in stored if op != "placeholder")
+    if recipe == "fp8_tensorwise":  # h = silu(g) * u forward; the gate's and up's gradients backward
+        assert computed == ["convert_element_type", "mul", "mul"], stored
+    else:
+        assert stored == [], stored
+    assert torch.equal(out, eager) and all(torch.equal(c, g) for c, g in zip(compiled_grads, grads))
+
+
 def counted_transposes(monkeypatch) -> list:
     """A list that fills with the shape of the codes each call of the tiled transpose kernel
     gets (the kernel still runs)."""

@@ -107,6 +107,8 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
             codes, scales = torch.ops.fewerbits.rowblock_codes(x.detach() if columns else X, scheme_.name,
                                                                scheme_.scale_rule, seed, block_amaxes, columns)
             return QuantizedTensor(codes, scales, scheme_, x.shape, ax)
+        if _read_twice(x, scheme_, amax, tensor_amax):
+            x = _stored(x)
         return reference_quantize(x, scheme, **kwargs)
     from . import rowblock
     from .cast import cast_codes
@@ -137,6 +139,30 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
     if elem.bits == 6:  # fp6 packs four codes into three bytes after the kernel
         codes = pack(codes, elem)
     return plan.finish(codes)
+
+
+def _read_twice(x: torch.Tensor, scheme, amax, tensor_amax) -> bool:
+    """Whether a graph torch.compile traces reads x in two kernels to quantize it with the
+    reference's operations: one scale per tensor found from x itself (no amax given), a
+    reduction over all of x before any code can be made; the codes' pass reads x again."""
+    return (torch.compiler.is_compiling() and amax is None and tensor_amax is None
+            and scheme.block == (-1, -1) and not scheme.two_level and x.is_contiguous())
+
+
+def _stored(x: torch.Tensor) -> torch.Tensor:
+    """x, to be stored where a compiled graph computes it (inductor's `force_stride_order`
+    with x's own strides: no copy of a tensor that is stored already). Left to itself,
+    inductor computes a fused producer's elements again in each kernel that reads them: a
+    SwiGLU's output in the amax's kernel and again in the cast's, its gradients (the sigmoid,
+    a correctly rounded division, the products rounded to bf16) likewise. Those kernels ran no
+    faster in the H200's step than alone on an H100, whose counters found the forward's two
+    issuing instructions in 72–82% of their cycles: with the H200's 1.4× the memory rate, their
+    instructions set their time there (docs/kernels-notes.md, v78). Stored, each is read back by
+    a cast of a few instructions an element."""
+    import torch._inductor.inductor_prims  # noqa: F401  (registers the operator under any backend)
+
+    x = x.detach()  # (codes carry no gradient; the operator has no derivative)
+    return torch.ops.prims.inductor_force_stride_order(x, x.stride())
 
 
 def values_in_one_kernel(x: torch.Tensor, scheme) -> bool:
