@@ -144,7 +144,9 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
 def _read_twice(x: torch.Tensor, scheme, amax, tensor_amax) -> bool:
     """Whether a graph torch.compile traces reads x in two kernels to quantize it with the
     reference's operations: one scale per tensor found from x itself (no amax given), a
-    reduction over all of x before any code can be made; the codes' pass reads x again."""
+    reduction over all of x before any code can be made; the codes' pass reads x again. Only
+    for a contiguous x, which `_stored` keeps in its own layout (a view with other strides
+    is left to inductor, as before)."""
     return (torch.compiler.is_compiling() and amax is None and tensor_amax is None
             and scheme.block == (-1, -1) and not scheme.two_level and x.is_contiguous())
 
