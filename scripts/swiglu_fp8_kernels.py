@@ -16,7 +16,8 @@ after the warm-up in an NVTX range named "measured" instead, for Nsight Compute.
   unstored         that input not stored: inductor computes it again in each of the two kernels
   held             a per-tensor or per-row cast's fp64 reciprocal of its scale held (stored by
                    the amax's kernel, read by the codes'), which inductor otherwise computes, a
-                   division, for every element, with the scale; not in the library (v79, v80)
+                   division, for every element, with the scale; not in the library (v79, v80;
+                   under torch 2.11 it also leaves the input's codes stored once per reader, v81)
   flat             the amax as one reduction over the whole tensor, `vector_norm(x, inf)`
   realize_opcount_10  inductor's realize_opcount_threshold at 10 (stores more of what is reused)
   no_div_rounding  without correctly rounded division (not eager mode's bits: a diagnostic)
