@@ -1,6 +1,7 @@
 """convert(): the layer policy, the report, Hugging Face models, and torch.compile."""
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -493,6 +494,48 @@ def test_compiled_linears_that_read_one_input_share_its_codes(monkeypatch):
     assert same
 
 
+def first_argument(call: str) -> str:
+    """The text of a call's first argument in a line of output code (up to its first comma at
+    the call's own depth)."""
+    depth, text = 0, call[call.index("(") + 1:]
+    for i, ch in enumerate(text):
+        depth += ch in "(["
+        depth -= ch in ")]"
+        if (ch == "," and depth == 0) or depth < 0:
+            return text[:i]
+    return text
+
+
+def test_compiled_native_fp8_gemms_that_read_one_input_read_one_buffer_of_its_codes(monkeypatch):
+    """A compiled FP8 cast makes its codes as FP8 values viewed as uint8; each GEMM views them
+    as FP8 again and the transpose reads the uint8. Held (`quantize.held`), they are one buffer
+    that both forward GEMMs of two Linears reading one input take and the transpose reads;
+    otherwise each reader of the unstored view stored a copy of its own (torch 2.13: buf6 and
+    buf12 for the GEMMs; docs/kernels-notes.md, v81). The GEMMs run natively (torch._scaled_mm
+    runs on a CPU; the device check is passed over), the transpose under the triton backend;
+    eager mode's bits."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    from fewerbits import gemm
+
+    monkeypatch.setattr(gemm, "_device_reason", lambda dev: None)
+    torch.manual_seed(0)
+    model = SharedInput().to(torch.bfloat16)
+    fb.convert(model, "fp8_tensorwise", policy=fb.Policy(keep=(), min_features=0, keep_last_blocks=0))
+    x = torch.randn(64, 256, dtype=torch.bfloat16, requires_grad=True)
+    with inductor_config.patch(fx_graph_cache=False):  # a cached graph may predate the lowering
+        same, codes = run_and_get_code(compiled_against_eager_under_triton, model, x, [])
+    assert same
+    forward = codes[0].splitlines()
+    gemms = [first_argument(line.split("_scaled_mm", 1)[1]) for line in forward if "extern_kernels._scaled_mm(" in line]
+    read = [re.findall(r"\bbuf\d+\b", arg) for arg in gemms]
+    assert len(read) == 2 and read[0] == read[1] and len(read[0]) == 1, gemms
+    transposed = [first_argument(line.split("transpose_codes.default", 1)[1]) for line in forward
+                  if "= torch.ops.fewerbits.transpose_codes.default(" in line]
+    assert transposed == read[0], (transposed, gemms)
+
+
 def test_compiled_scales_of_non_finite_amaxes_are_eager_modes_nan():
     """The scale of a non-finite amax is the NaN 0x7FC00000 in a compiled graph too, where it
     is made from the scale's bits rather than written as a constant."""
@@ -611,6 +654,76 @@ def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme, axis):
     assert data.is_contiguous() and ref.data.is_contiguous()
     assert torch.equal(scale.view(torch.uint8) if scale.dtype == torch.uint8 else scale.view(torch.int32),
                        ref.scale.view(torch.uint8) if ref.scale.dtype == torch.uint8 else ref.scale.view(torch.int32))
+
+
+def cpp_kernels(code: str) -> list[str]:
+    """The C++ kernels of inductor's output code for a CPU, each as its source."""
+    return re.findall(r"async_compile\.cpp_pybinding\(\[.*?\], r'''(.*?)'''\)", code, re.S)
+
+
+def cpp_parameters(kernel: str) -> dict[str, str]:
+    """A C++ kernel's parameters, name: type (`out_ptr3`: `double*`)."""
+    signature = re.search(r"kernel\((.*?)\)", kernel, re.S).group(1)
+    return {p.split()[-1]: " ".join(p.split()[:-1]) for p in signature.split(",")}
+
+
+def innermost_loops(kernel: str) -> list[str]:
+    """The bodies of a C++ kernel's innermost loops over the tensors' indices."""
+    bodies = []
+    for start in (m.start() for m in re.finditer(r"for\(int64_t", kernel)):
+        open_at = kernel.index("{", start)
+        depth, i = 1, open_at + 1
+        while depth:
+            depth += {"{": 1, "}": -1}.get(kernel[i], 0)
+            i += 1
+        body = kernel[open_at:i]
+        if "for(int64_t" not in body:
+            bodies.append(body)
+    return bodies
+
+
+@pytest.mark.parametrize("scheme", ["fp8_e4m3_tensor", "fp8_e4m3_row"])
+@pytest.mark.parametrize("axis", [1, 0])
+def test_compiled_casts_store_the_reciprocals_of_their_scales_for_the_codes(scheme, axis):
+    """Compiled, a per-tensor or per-row cast multiplies each element by its scale's fp64
+    reciprocal; held (`quantize.held`), the reciprocal is stored where the scale is made, and
+    the loops that write codes read it and divide nothing, where inductor otherwise computed
+    the scale and its reciprocal, a division, again for every element (docs/kernels-notes.md,
+    v79 to v81). Per tensor, the column-wise copy by `requantize` too. Codes and scales are the
+    reference's."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    from fewerbits.quantize import hold_lowering, requantize
+
+    hold_lowering()  # as compile_model registers it
+    torch._dynamo.reset()
+    x = torch.randn(96, 160, generator=torch.Generator().manual_seed(5)).bfloat16() * 7
+    x[5, 9] = float("nan") if scheme == "fp8_e4m3_row" else x[5, 9]
+
+    def q(t):
+        out = fb.quantize(t, scheme, axis=axis)
+        if scheme == "fp8_e4m3_tensor":
+            return out.data, out.scale, requantize(t, out, 1 - axis).data
+        return out.data, out.scale
+
+    with inductor_config.patch(fx_graph_cache=False):  # a cached graph may predate the lowering
+        got, code = run_and_get_code(torch.compile(q, fullgraph=True), x)
+    torch._dynamo.reset()
+    ref = fb.quantize(x, scheme, axis=axis)
+    want = [ref.data, ref.scale] + ([fb.quantize(x, scheme, axis=1 - axis).data] if len(got) == 3 else [])
+    assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))
+    writing_codes = 0
+    for kernel in cpp_kernels("".join(code)):
+        params = cpp_parameters(kernel)
+        codes_out = [n for n, t in params.items() if t == "uint8_t*"]
+        fp64_in = [n for n, t in params.items() if t in ("double*", "const double*")]
+        for body in innermost_loops(kernel):
+            if any(re.search(rf"\b{n}\b", body) for n in codes_out):
+                writing_codes += 1
+                assert any(re.search(rf"\b{n}\b", body) for n in fp64_in), body
+                assert " / " not in body and "reciprocal()" not in body, body
+    assert writing_codes >= (2 if len(got) == 3 else 1)
 
 
 @pytest.mark.parametrize("scheme", ["fp8_e4m3_1x128", "fp8_e4m3_128x128", "mxfp8_e4m3"])

@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from .linear import QuantizedLinear
+from .quantize import hold_lowering
 from .recipes import Recipe, get_recipe
 
 DEFAULT_KEEP = ("lm_head", "output", "*embed*", "gate", "router", "*.router.*")
@@ -231,6 +232,9 @@ def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
     fused into the next Linear's quantizer, would be quantized unrounded, and the codes would
     differ from eager mode's. On a GPU it also divides approximately unless asked not to. With
     both options a converted model gives eager mode's bits (tests/test_convert.py, on a CPU).
+    It also registers inductor's lowering of the quantizer's `hold` (`quantize.hold_lowering`),
+    which stores a cast's reciprocal of its scale and its FP8 codes once each, where they are
+    made (a plain torch.compile copies each held value instead: the same bits).
     Other keyword arguments go to torch.compile (each block's `compile` with blocks=True); a
     `mode` is passed on as its inductor options, and a backend other than inductor gets none."""
     if kwargs.get("backend", "inductor") == "inductor":
@@ -238,6 +242,7 @@ def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
         options = dict(torch._inductor.list_mode_options(mode)) if mode else {}
         options.update({"emulate_precision_casts": True, **_division_rounding(), **kwargs.pop("options", {})})
         kwargs["options"] = options
+        hold_lowering()
     if not blocks:
         return torch.compile(model, **kwargs)
     found = _blocks(model)

@@ -42,6 +42,47 @@ from .rounding import (
 from .scaling import amax_scale, block_amax, exact_reciprocal, pow2_scale, two_level_scales
 from .schemes import Scheme, get_scheme
 
+# `hold`: a value a compiled graph stores once, where it is made, for every kernel that reads it.
+# Left to itself, inductor computes a cheap value again in each kernel that reads it: a cast's
+# fp64 reciprocal of its scale (a division and the scale's own arithmetic) for every element of
+# the codes' kernel, or a cast's FP8 codes once for each GEMM and for the transpose that read
+# them through dtype views (docs/kernels-notes.md, v79 to v81). Outside a compiled graph the
+# operator is a copy; under inductor (its lowering, `hold_lowering`) it copies nothing.
+_LIB = torch.library.Library("fewerbits", "FRAGMENT")
+_LIB.define("hold(Tensor t) -> Tensor")
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("hold", lambda t: t.clone(memory_format=torch.contiguous_format), _key)
+torch.library.register_fake("fewerbits::hold", lambda t: t.new_empty(t.shape), lib=_LIB)
+
+
+def held(t: torch.Tensor) -> torch.Tensor:
+    """t (detached, row-major) stored by the kernel that computes it in a graph inductor
+    compiles with `hold_lowering` registered (compile_model registers it), and read back by
+    every kernel that uses it; a copy elsewhere. For compiled graphs only: the same values
+    either way."""
+    return torch.ops.fewerbits.hold(t.detach())
+
+
+@functools.cache
+def hold_lowering() -> None:
+    """Register inductor's lowering of `hold`: the argument realized as a row-major buffer of its
+    own dtype in the kernel that computes it (a dtype view of a value no kernel stores is
+    stored as the view, by that kernel), or, stored already, returned as it is (a row-major
+    copy only of a stored value laid out otherwise). No kernel and no call of its own."""
+    from torch._inductor import ir
+    from torch._inductor.lowering import register_lowering
+
+    @register_lowering(torch.ops.fewerbits.hold.default, type_promotion_kind=None)
+    def _hold(t):
+        if isinstance(t.data, ir.BaseView) and not ir.is_storage_and_layout(t):
+            # a view (a DtypeView: FP8 codes read as uint8) of an unstored value: realizing it
+            # would store the value under it, and each reader of the view would then make a
+            # copy of its own; a pointwise node of the view's values is stored as they are read
+            t = ir.Pointwise.create(device=t.get_device(), dtype=t.get_dtype(), inner_fn=t.make_loader(),
+                                    ranges=list(t.get_size()))
+        t.realize()
+        return ir.ExternKernel.require_contiguous(t)
+
 
 @dataclass
 class QuantizedTensor:
@@ -160,7 +201,7 @@ def requantize(x: torch.Tensor, q: QuantizedTensor, axis: int) -> QuantizedTenso
     ax = _normalize_axis(axis, x.dim())
     X = _to_matrix(x.detach(), ax)
     scale = q.scale.float().reshape(1, 1)
-    reciprocal = exact_reciprocal(scale) if torch.compiler.is_compiling() else None
+    reciprocal = held(exact_reciprocal(scale)) if torch.compiler.is_compiling() else None
     codes = element_codes(X, scale, scheme, reciprocal=reciprocal)
     return assemble(pack(codes, scheme.elem), scale, scheme, x.shape, ax)
 
@@ -170,7 +211,10 @@ def element_codes(chunk, block_factor, scheme: Scheme, noise=None, *, reciprocal
 
     reciprocal: fp64 1 / scale per element (not with two-level schemes or noise), for x / scale
     as x · reciprocal rounded once to fp32 (`scaling.exact_reciprocal` says why it is the same
-    quotient)."""
+    quotient); the NaN-scale blocks are then found from it (finite exactly where the scale is:
+    a scale is positive and finite, or NaN), so that a compiled kernel reads it alone."""
+    if reciprocal is not None:
+        block_factor = reciprocal
     if scheme.two_level:
         scaled = chunk * block_factor  # x × enc, the product rounded in fp32
     elif reciprocal is not None:
@@ -218,7 +262,10 @@ class Plan:
         if (self.scheme.two_level or self.noise is not None or not _whole(self.bc, self.cols)
                 or not torch.compiler.is_compiling()):
             return None
-        return _per_element(exact_reciprocal(self.factor), self.br, self.bc, r0, r1, self.cols)
+        # held: stored once where the scales are made, rather than computed again with the
+        # scale for every element of the codes' kernel (docs/kernels-notes.md, v79 to v81);
+        # compiled, the rows are one chunk, so a plan holds its reciprocals once
+        return _per_element(held(exact_reciprocal(self.factor)), self.br, self.bc, r0, r1, self.cols)
 
     def finish(self, data: torch.Tensor) -> QuantizedTensor:
         """The QuantizedTensor from packed element codes."""
@@ -233,8 +280,14 @@ def assemble(data, scales, scheme: Scheme, shape, axis: int, tensor_scale=None) 
     else:
         stored = scales.float()
     # row-major (R, C) codes, as the native GEMMs read them; a no-op eagerly, and in a compiled
-    # graph it keeps the compiler from returning the transposed view of an axis-0 quantization
-    return QuantizedTensor(data.contiguous(), stored, scheme, shape, axis, tensor_scale)
+    # graph it keeps the compiler from returning the transposed view of an axis-0 quantization.
+    # Compiled, the codes of 8-bit elements with fp32 scales (the native FP8 GEMMs' operands)
+    # are held: made as FP8 values viewed as uint8, they are stored once, for both GEMMs and
+    # the transpose that read one input's codes, not once for each (docs/kernels-notes.md, v81)
+    data = data.contiguous()
+    if torch.compiler.is_compiling() and scheme.elem.bits == 8 and fmt.bits == 32:
+        data = held(data)
+    return QuantizedTensor(data, stored, scheme, shape, axis, tensor_scale)
 
 
 def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None, axis=-1, amax=None,
