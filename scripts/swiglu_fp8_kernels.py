@@ -14,10 +14,10 @@ after the warm-up in an NVTX range named "measured" instead, for Nsight Compute.
   base             the library as it is: compile_model's options, the amax as its rows' maxima,
                    a per-tensor cast's input stored before its amax and its codes read it
   unstored         that input not stored: inductor computes it again in each of the two kernels
-  held             a per-tensor or per-row cast's fp64 reciprocal of its scale held (stored by
-                   the amax's kernel, read by the codes'), which inductor otherwise computes, a
-                   division, for every element, with the scale; not in the library (v79, v80;
-                   under torch 2.11 it also leaves the input's codes stored once per reader, v81)
+  unheld           without the library's holds (`quantize.held` as the identity): a per-tensor
+                   or per-row cast's fp64 reciprocal of its scale computed again, with the
+                   scale, a division, for every element of the codes' kernel, and its FP8 codes
+                   not held (under torch 2.13 stored once per reader; v79 to v81)
   flat             the amax as one reduction over the whole tensor, `vector_norm(x, inf)`
   realize_opcount_10  inductor's realize_opcount_threshold at 10 (stores more of what is reused)
   no_div_rounding  without correctly rounded division (not eager mode's bits: a diagnostic)
@@ -49,37 +49,6 @@ def flat_amax(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x, ord=float("inf"))
 
 
-# A no-op operator that writes its argument, for the variant "held".
-_LIB = torch.library.Library("swiglu_fp8_kernels", "DEF")
-_LIB.define("hold_(Tensor(a!) t) -> ()")
-for _key in ("CPU", "CUDA", "Meta"):
-    _LIB.impl("hold_", lambda t: None, _key)
-
-
-def held(t: torch.Tensor) -> torch.Tensor:
-    """t stored where a compiled graph makes it, read back by the kernels that use it: a copy
-    passed to an operator that writes it must be stored, and inductor writes the copy in place
-    in the kernel that makes t (docs/kernels-notes.md, v79)."""
-    t = t.detach().clone()
-    torch.ops.swiglu_fp8_kernels.hold_(t)
-    return t
-
-
-def held_when_compiled(original):
-    return lambda scale: held(original(scale)) if torch.compiler.is_compiling() else original(scale)
-
-
-def mask_from_reciprocal(original):
-    """element_codes taking the NaN-scale mask from the reciprocal where one is given (finite
-    exactly where the scale is: scales are positive and finite, or NaN), so that the codes'
-    kernel reads the reciprocal alone, not the scale."""
-    def element_codes(chunk, block_factor, scheme, noise=None, *, reciprocal=None):
-        return original(chunk, block_factor if reciprocal is None else reciprocal, scheme, noise,
-                        reciprocal=reciprocal)
-
-    return element_codes
-
-
 # name: (patches [(module, attribute, the replacement made from the original)], compile options,
 # global inductor config)
 VARIANTS = {
@@ -87,8 +56,7 @@ VARIANTS = {
     "flat": ([(quantize_mod, "tensor_amax_of", lambda _: flat_amax),
               (linear_mod, "tensor_amax_of", lambda _: flat_amax)], {}, {}),
     "unstored": ([(kernels_mod, "_read_twice", lambda _: lambda *args: False)], {}, {}),
-    "held": ([(quantize_mod, "exact_reciprocal", held_when_compiled),
-              (quantize_mod, "element_codes", mask_from_reciprocal)], {}, {}),
+    "unheld": ([(quantize_mod, "held", lambda _: lambda t: t)], {}, {}),
     "realize_opcount_10": ([], {}, {"realize_opcount_threshold": 10}),
     "no_div_rounding": ([], {k: False for k in _division_rounding()}, {}),
     "no_emulate": ([], {"emulate_precision_casts": False}, {}),
