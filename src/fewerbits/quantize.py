@@ -75,9 +75,9 @@ def hold_lowering() -> None:
     @register_lowering(torch.ops.fewerbits.hold.default, type_promotion_kind=None)
     def _hold(t):
         if isinstance(t.data, ir.BaseView) and not ir.is_storage_and_layout(t):
-            # a view (a DtypeView: FP8 codes read as uint8) of an unstored value: realizing it
-            # would store the value under it, and each reader of the view would then make a
-            # copy of its own; a pointwise node of the view's values is stored as they are read
+            # a view (a DtypeView: FP8 codes read as uint8) of an unstored value: its values,
+            # as a pointwise node of the view's dtype, are what is stored (the GEMMs then view
+            # that buffer as FP8 without a copy)
             t = ir.Pointwise.create(device=t.get_device(), dtype=t.get_dtype(), inner_fn=t.make_loader(),
                                     ranges=list(t.get_size()))
         t.realize()
