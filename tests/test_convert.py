@@ -557,6 +557,43 @@ def test_compiled_scales_of_non_finite_amaxes_are_eager_modes_nan():
         assert (c[1:4].view(torch.int32) == 0x7FC00000).all()
 
 
+def test_compile_model_warns_where_this_torchs_cpu_kernels_round_unlike_eager(monkeypatch):
+    """The version test behind compile_model's warning agrees with this torch's inductor: a
+    fused silu(g) * u of bf16 tensors, compiled for the CPU with the rounding option on, gives
+    eager mode's bits exactly where `_cpu_rounds_casts()` says so. A model on the CPU under an
+    older torch is compiled with the warning; under torch 2.13, or with its parameters on
+    another device, it is not."""
+    import sys
+    import warnings
+
+    convert_module = sys.modules["fewerbits.convert"]
+    torch.manual_seed(0)
+    g, u = torch.randn(2, 64, 256, dtype=torch.bfloat16)
+
+    def swiglu(g, u):
+        return torch.nn.functional.silu(g) * u
+
+    eager = swiglu(g, u)
+    assert not torch.equal(eager, (torch.nn.functional.silu(g.float()) * u.float()).bfloat16())
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(swiglu, options={"emulate_precision_casts": True})(g, u)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(compiled, eager) == convert_module._cpu_rounds_casts()
+
+    for version, model, warned in (("2.12.0+cu130", nn.Linear(4, 4), True), ("2.13.0", nn.Linear(4, 4), False),
+                                   ("2.11.0", nn.Linear(4, 4, device="meta"), False)):
+        monkeypatch.setattr(torch, "__version__", version)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fb.compile_model(model)
+        found = [w for w in caught if "differ from eager mode's" in str(w.message)]
+        assert len(found) == int(warned), (version, [str(w.message) for w in caught])
+        if warned:
+            assert "torch 2.12.0+cu130" in str(found[0].message) and found[0].filename == __file__
+
+
 def test_compile_model_gives_eager_bits_through_inductor():
     """Two FP8 Linears compiled by inductor: the second quantizes the first's bf16 output, which
     inductor would keep in fp32 inside a fused kernel; compile_model makes it round as eager

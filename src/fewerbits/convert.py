@@ -232,6 +232,10 @@ def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
     fused into the next Linear's quantizer, would be quantized unrounded, and the codes would
     differ from eager mode's. On a GPU it also divides approximately unless asked not to. With
     both options a converted model gives eager mode's bits (tests/test_convert.py, on a CPU).
+    Inductor's C++ code for the CPU honours the rounding option from torch 2.13 on; under an
+    older torch a model with parameters on the CPU is compiled with a warning that its bits
+    may differ from eager mode's (a SwiGLU's silu(g) * u, for one, is rounded once instead of
+    twice).
     It also registers inductor's lowering of the quantizer's `hold` (`quantize.hold_lowering`),
     which stores a cast's reciprocal of its scale and its FP8 codes once each, where they are
     made (a plain torch.compile copies each held value instead: the same bits).
@@ -243,6 +247,10 @@ def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
         options.update({"emulate_precision_casts": True, **_division_rounding(), **kwargs.pop("options", {})})
         kwargs["options"] = options
         hold_lowering()
+        if any(p.device.type == "cpu" for p in model.parameters()) and not _cpu_rounds_casts():
+            warnings.warn(f"compile_model(): torch {torch.__version__}'s inductor does not round a fused kernel's "
+                          "bf16/fp16 intermediate values on the CPU as eager mode does (torch 2.13 does); "
+                          "compiled results may differ from eager mode's in their last bits", stacklevel=2)
     if not blocks:
         return torch.compile(model, **kwargs)
     found = _blocks(model)
@@ -252,6 +260,13 @@ def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
     for block in model.get_submodule(found[0]):
         block.compile(**kwargs)
     return model
+
+
+def _cpu_rounds_casts() -> bool:
+    """Whether this torch's inductor honours `emulate_precision_casts` in its C++ (CPU) kernels:
+    torch 2.11 and 2.12 keep silu(g) * u of bf16 tensors in fp32 there with the option on
+    (checked against eager mode), torch 2.13 rounds silu(g) first, as eager mode does."""
+    return torch.torch_version.Version(torch.__version__).release[:2] >= (2, 13)
 
 
 def _division_rounding() -> dict:
