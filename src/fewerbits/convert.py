@@ -250,7 +250,7 @@ def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
         if any(p.device.type == "cpu" for p in model.parameters()) and not _cpu_rounds_casts():
             warnings.warn(f"compile_model(): torch {torch.__version__}'s inductor does not round a fused kernel's "
                           "bf16/fp16 intermediate values on the CPU as eager mode does (torch 2.13 does); "
-                          "compiled results may differ from eager mode's in their last bits", stacklevel=2)
+                          "compiled results (codes included) may differ from eager mode's", stacklevel=2)
     if not blocks:
         return torch.compile(model, **kwargs)
     found = _blocks(model)
