@@ -213,15 +213,14 @@ def element_codes(chunk, block_factor, scheme: Scheme, noise=None, *, reciprocal
     as x · reciprocal rounded once to fp32 (`scaling.exact_reciprocal` says why it is the same
     quotient); the NaN-scale blocks are then found from it (finite exactly where the scale is:
     a scale is positive and finite, or NaN), so that a compiled kernel reads it alone."""
-    if reciprocal is not None:
-        block_factor = reciprocal
     if scheme.two_level:
         scaled = chunk * block_factor  # x × enc, the product rounded in fp32
     elif reciprocal is not None:
         scaled = (chunk.double() * reciprocal).float()
     else:
         scaled = chunk / block_factor  # x / scale: exact for powers of two, else rounded in fp32
-    scaled = torch.where(torch.isfinite(block_factor), scaled, 0.0)  # NaN-scale blocks: 0 codes
+    finite = torch.isfinite(block_factor if reciprocal is None else reciprocal)
+    scaled = torch.where(finite, scaled, 0.0)  # NaN-scale blocks: 0 codes
     # no NaN is left: a NaN element makes its block's amax, so its scale, NaN (and ±inf too);
     # the other quotients are finite or ±inf (a scale or enc is finite and nonzero)
     return round_to_codes(scaled, scheme.elem, noise=noise, nan_free=True)
