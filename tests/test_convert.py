@@ -593,6 +593,41 @@ def test_compile_model_warns_where_this_torchs_cpu_kernels_round_unlike_eager(mo
         if warned:
             assert "torch 2.12.0+cu130" in str(found[0].message) and found[0].filename == __file__
 
+    # a function brings its tensors with each call: under an older torch it is warned of
+    # wherever no GPU is present, not where one is
+    for version, gpu, warned in (("2.12.0", False, True), ("2.12.0", True, False), ("2.13.0", False, False)):
+        monkeypatch.setattr(torch, "__version__", version)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fb.compile_model(swiglu)
+        found = [w for w in caught if "differ from eager mode's" in str(w.message)]
+        assert len(found) == int(warned), (version, gpu, [str(w.message) for w in caught])
+
+
+def test_compile_model_takes_a_function_as_torch_compile_does():
+    """A plain function (a quantizer call, say) compiles through compile_model and gives eager
+    mode's bits; blocks=True, which needs a module's list of blocks, refuses it clearly."""
+    scheme = fb.get_scheme("fp8_e4m3_tensor")
+    torch.manual_seed(0)
+    x = torch.randn(64, 256, dtype=torch.bfloat16) * 3
+
+    def q(t):
+        out = fb.quantize(t, scheme)
+        return out.data, out.scale
+
+    eager = q(x)
+    torch._dynamo.reset()
+    try:
+        compiled = fb.compile_model(q, fullgraph=True)(x)
+    finally:
+        torch._dynamo.reset()
+    bits = {1: torch.uint8, 4: torch.int32}
+    for c, e in zip(compiled, eager):
+        assert c.dtype == e.dtype and torch.equal(c.view(bits[c.element_size()]), e.view(bits[e.element_size()]))
+    with pytest.raises(ValueError, match="blocks=True.*takes an nn.Module, not function"):
+        fb.compile_model(q, blocks=True)
+
 
 def test_compile_model_gives_eager_bits_through_inductor():
     """Two FP8 Linears compiled by inductor: the second quantizes the first's bf16 output, which

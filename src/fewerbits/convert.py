@@ -218,8 +218,9 @@ def uses_cuda_graphs(mode: str | None) -> bool:
     return bool(mode) and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
 
 
-def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
-    """torch.compile(model) with the quantizers seeing what eager mode sees.
+def compile_model(model, *, blocks: bool = False, **kwargs):
+    """torch.compile(model) with the quantizers seeing what eager mode sees: model is a module
+    or, as torch.compile takes, a function (blocks=True needs a module).
 
     blocks=True compiles each transformer block in place instead (the modules of the model's
     list of blocks; the rest of the model runs eagerly) and returns the model: the blocks share
@@ -233,9 +234,9 @@ def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
     differ from eager mode's. On a GPU it also divides approximately unless asked not to. With
     both options a converted model gives eager mode's bits (tests/test_convert.py, on a CPU).
     Inductor's C++ code for the CPU honours the rounding option from torch 2.13 on; under an
-    older torch a model with parameters on the CPU is compiled with a warning that its bits
-    may differ from eager mode's (a SwiGLU's silu(g) * u, for one, is rounded once instead of
-    twice).
+    older torch a model with parameters on the CPU (a function, where no GPU is present) is
+    compiled with a warning that its bits may differ from eager mode's (a SwiGLU's
+    silu(g) * u, for one, is rounded once instead of twice).
     It also registers inductor's lowering of the quantizer's `hold` (`quantize.hold_lowering`),
     which stores a cast's reciprocal of its scale and its FP8 codes once each, where they are
     made (a plain torch.compile copies each held value instead: the same bits).
@@ -247,12 +248,14 @@ def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
         options.update({"emulate_precision_casts": True, **_division_rounding(), **kwargs.pop("options", {})})
         kwargs["options"] = options
         hold_lowering()
-        if any(p.device.type == "cpu" for p in model.parameters()) and not _cpu_rounds_casts():
+        if not _cpu_rounds_casts() and _may_run_on_cpu(model):
             warnings.warn(f"compile_model(): torch {torch.__version__}'s inductor does not round a fused kernel's "
                           "bf16/fp16 intermediate values on the CPU as eager mode does (torch 2.13 does); "
                           "compiled results (codes included) may differ from eager mode's", stacklevel=2)
     if not blocks:
         return torch.compile(model, **kwargs)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"compile_model(blocks=True) takes an nn.Module, not {type(model).__name__}")
     found = _blocks(model)
     if found is None:
         raise ValueError("compile_model(blocks=True) found no list of blocks (an nn.ModuleList of modules "
@@ -260,6 +263,14 @@ def compile_model(model: nn.Module, *, blocks: bool = False, **kwargs):
     for block in model.get_submodule(found[0]):
         block.compile(**kwargs)
     return model
+
+
+def _may_run_on_cpu(model) -> bool:
+    """Whether a model given to compile_model may run on the CPU: a module with a parameter
+    there; a plain function (whose tensors come with each call), wherever no GPU is present."""
+    if isinstance(model, nn.Module):
+        return any(p.device.type == "cpu" for p in model.parameters())
+    return not torch.cuda.is_available()
 
 
 def _cpu_rounds_casts() -> bool:
