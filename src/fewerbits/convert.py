@@ -242,6 +242,8 @@ def compile_model(model, *, blocks: bool = False, **kwargs):
     made (a plain torch.compile copies each held value instead: the same bits).
     Other keyword arguments go to torch.compile (each block's `compile` with blocks=True); a
     `mode` is passed on as its inductor options, and a backend other than inductor gets none."""
+    if blocks and not isinstance(model, nn.Module):
+        raise ValueError(f"compile_model(blocks=True) takes an nn.Module, not {type(model).__name__}")
     if kwargs.get("backend", "inductor") == "inductor":
         mode = kwargs.pop("mode", None)
         options = dict(torch._inductor.list_mode_options(mode)) if mode else {}
@@ -254,8 +256,6 @@ def compile_model(model, *, blocks: bool = False, **kwargs):
                           "compiled results (codes included) may differ from eager mode's", stacklevel=2)
     if not blocks:
         return torch.compile(model, **kwargs)
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"compile_model(blocks=True) takes an nn.Module, not {type(model).__name__}")
     found = _blocks(model)
     if found is None:
         raise ValueError("compile_model(blocks=True) found no list of blocks (an nn.ModuleList of modules "
