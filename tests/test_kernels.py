@@ -225,12 +225,20 @@ def test_one_amax_per_tensor_or_row_with_specials_overrides_and_layouts(name):
     for x in cases:
         for axis in (-1, 0):
             assert same(kernels.quantize(x, name, axis=axis), fb.quantize(x, name, axis=axis)), (x.dtype, axis)
-    for amax in (torch.tensor(0.25, device=DEVICE), torch.tensor(1e30, device=DEVICE), torch.tensor(0.0, device=DEVICE)):
-        for x in (base, cases[-1]):
-            assert same(kernels.quantize(x, "fp8_e4m3_tensor", amax=amax), fb.quantize(x, "fp8_e4m3_tensor", amax=amax))
+    # a given amax makes the codes of a tensor holding NaN or inf too (its scale stored NaN);
+    # a given NaN or inf amax (a history that recorded one) zero codes
+    for amax in (0.25, 1e30, 0.0, float("nan"), float("inf")):
+        amax = torch.tensor(amax, device=DEVICE)
+        for x in (base, base.bfloat16(), *cases[-3:], cases[-1].t()):
+            for axis in (-1, 0):
+                assert same(kernels.quantize(x, name, axis=axis, amax=amax), fb.quantize(x, name, axis=axis, amax=amax))
     gen = lambda: torch.Generator(device=DEVICE).manual_seed(9)  # noqa: E731
     sr = dict(rounding="stochastic")
     assert same(kernels.quantize(base, name, generator=gen(), **sr), fb.quantize(base, name, generator=gen(), **sr))
+    amax = torch.tensor(0.25, device=DEVICE)
+    for x in cases[-3:]:
+        assert same(kernels.quantize(x, name, amax=amax, generator=gen(), **sr),
+                    fb.quantize(x, name, amax=amax, generator=gen(), **sr))
 
 
 @pytest.mark.parametrize("scheme", [fb.get_scheme("fp8_e4m3_row"), fb.get_scheme("fp8_e4m3_row", "rceil"),

@@ -2,6 +2,7 @@
 
 import math
 import sys
+from dataclasses import replace
 import numpy as np
 import pytest
 import torch
@@ -16,7 +17,8 @@ from fewerbits import (
     quantize,
     quantized_nbytes,
 )
-from conftest import assert_same_bits
+from fewerbits.codes import unpack
+from conftest import ORACLE, assert_same_bits
 from oracle import quantize_oracle
 
 MX = [n for n, s in SCHEMES.items() if s.scale_fmt.name == "e8m0"]
@@ -480,6 +482,49 @@ def test_an_amax_to_quantize_by_is_one_value_or_one_per_block():
         quantize(x, "fp8_e4m3_tensor", amax=2.0)
 
 
+@pytest.mark.parametrize("name", ["fp8_e4m3_tensor", "fp8_e5m2_tensor", "fp8_e4m3_row", "fp4_tensor"])
+def test_a_given_amax_makes_the_codes_of_a_tensor_holding_nan_or_inf(name):
+    """Quantized by a given amax (delayed scaling), a tensor holding NaN or ±inf keeps the codes
+    that amax's scale makes — x / scale cast saturating, ±inf to ±max, a NaN element to the
+    format's NaN code with its sign (0 in FP4, which has none), the other codes as ml_dtypes
+    casts them — and stores a NaN scale where its own amax is not finite; by its own amax it
+    stores zero codes. A given NaN or inf amax (a history that recorded one) gives zero codes."""
+    import ml_dtypes
+
+    scheme = get_scheme(name) if name != "fp4_tensor" else Scheme("fp4_e2m1", (-1, -1), "fp32")
+    elem = scheme.elem
+    x = torch.from_numpy(hard_matrix(24, 40, seed=3, specials=False)) * 1e-3
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -float("nan")])
+    x[7, 9] = 5e6  # far beyond the given amax: saturates
+    given = torch.tensor([0.7])
+    q = quantize(x, scheme, amax=given)
+    scale = np.float32(np.float64(0.7) / elem.max)  # the fp32 quotient, correctly rounded
+    v = x.numpy() / scale
+    finite = np.isfinite(v)
+    oracle = np.clip(np.where(finite, v, 0), -elem.max, elem.max).astype(ORACLE[elem.name])
+    if elem.bits == 4:  # the 4-bit pattern: ml_dtypes stores one code a byte
+        want = oracle.view(np.uint8) & 0xF
+    else:
+        want = oracle.view(np.uint8).copy()
+    sign = np.signbit(x.numpy())
+    top = 1 << (elem.bits - 1)
+    want = np.where(np.isinf(v), elem.max_code | (sign * top), want)
+    if elem.has_nan:
+        want = np.where(np.isnan(v), elem.nan_code | (sign * top), want)
+    else:
+        want = np.where(np.isnan(v), 0, want)
+    got = unpack(q.data, elem, x.shape[-1]).numpy()
+    assert np.array_equal(got, want.astype(np.uint8))
+    rows_nan = np.isnan(q.scale.numpy().reshape(-1))
+    assert rows_nan.tolist() == ([True] + [False] * 23 if scheme.block == (1, -1) else [True])
+    assert np.all(q.scale.numpy().reshape(-1)[~rows_nan] == scale)
+    own = quantize(x, scheme)
+    assert not own.data[0].any() and torch.isnan(own.scale.reshape(-1)[0])  # its own amax: zero codes
+    for bad in (float("nan"), float("inf")):
+        q = quantize(x, scheme, amax=torch.tensor(bad))
+        assert not q.data.any() and torch.isnan(q.scale).all()
+
+
 @pytest.mark.parametrize("name,axis", [("fp8_e4m3_row", 0), ("fp8_e4m3_row", 1), ("mxfp8_e4m3", 1),
                                        ("fp8_e4m3_128x128", 0), ("nvfp4", 1)])
 def test_given_block_amaxes_are_taken_for_a_reduction(name, axis):
@@ -518,5 +563,18 @@ def test_requantize_along_the_other_axis_takes_the_same_scale(name, special):
     ref = quantize(x, name, axis=0)
     assert torch.equal(cols.data, ref.data) and cols.axis == ref.axis == 0
     assert torch.equal(cols.scale.view(torch.int32), ref.scale.view(torch.int32))
+    # quantized by a given amax (delayed scaling), eagerly and compiled: that amax's codes
+    # where x holds NaN or inf and its scale is NaN
+    amax = torch.tensor(3.0e6)
+    rows = quantize(x, name, axis=1, amax=amax)
+    ref = quantize(x, name, axis=0, amax=amax)
+    torch._dynamo.reset()  # the lambda's code is this test's for every scheme
+    again = torch.compile(lambda t, s, a: requantize(t, replace(rows, scale=s), axis=0, amax=a).data, fullgraph=True)
+    try:
+        for cols in (requantize(x, rows, axis=0, amax=amax).data, again(x, rows.scale, amax)):
+            assert torch.equal(cols, ref.data)
+    finally:
+        torch._dynamo.reset()
+    assert special is None or ref.data.any()
     with pytest.raises(ValueError, match="one fp32 scale per tensor"):
         requantize(x, quantize(x, "mxfp8_e4m3"), axis=0)

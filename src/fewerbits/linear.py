@@ -62,7 +62,7 @@ import torch.nn as nn
 
 from . import kernels
 from .gemm import emulated_in_bf16, full_fp32, mm_fp32_out, scaled_matmul, values_matmul
-from .quantize import QuantizedTensor, quantize, requantize, tensor_amax_of
+from .quantize import QuantizedTensor, held, quantize, requantize, tensor_amax_of
 from .recipes import DelayedScaling, Gemm, Operand, Recipe, get_recipe
 from .schemes import get_scheme
 
@@ -469,6 +469,11 @@ class _QuantizedLinearFn(torch.autograd.Function):
         # delayed scaling: the amaxes chosen after the previous step, kept for backward too
         amax_in = cfg.input_state.amax_for("input") if state is not None else None
         amax_w = state.amax_for("weight") if state is not None else None
+        if state is not None and torch.compiler.is_compiling():
+            # held: the values read now, saved for backward, which would otherwise read them again
+            # from the buffers this forward's records have changed by then (the partitioner
+            # recomputes a read of a buffer rather than save it)
+            amax_in, amax_w = held(amax_in), held(amax_w)
 
         if recipe.weight_qat is not None:  # QAT: the GEMMs see Q(W); W gets their gradient
             weight_amax = None  # W's, not Q(W)'s
@@ -565,7 +570,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
                 values, tensor_scale = ctx.saved_tensors[-2:]
                 b = _Values(values.t(), tensor_scale)
             elif ctx.weight_q is not None:  # the forward's scale, the weight's codes along N
-                b = requantize(weight, replace(ctx.weight_q, scale=ctx.saved_tensors[-1]), axis=0)
+                b = requantize(weight, replace(ctx.weight_q, scale=ctx.saved_tensors[-1]), axis=0, amax=ctx.amax_w)
             elif recipe.weight_qat is not None:  # column-wise: along N
                 b = _prepare(weight, dg.b, dg, 0, dt, ctx.amax_w)
             else:

@@ -16,8 +16,12 @@ caller. Either way `dequantize()` returns a tensor of the original shape and lay
 
 Stochastic rounding draws one noise value per element of X, in X's row-major order.
 
-A block whose amax is NaN or ±inf stores zero codes and a NaN scale (scaling.py), so it
-dequantizes to NaN whatever its element format can express. An empty tensor round-trips.
+A block whose amax is NaN or ±inf stores a NaN scale (scaling.py), so it dequantizes to NaN
+whatever its element format can express, and zero codes. Quantized by a given amax (delayed
+scaling's), its codes are those the given amax's scale makes instead, as for any other block:
+x / scale cast saturating (±inf to ±max), a NaN element to the format's NaN code (0 in a format
+without one); so a given amax's codes never wait on the tensor's own amax, and a compiled graph
+can make them in the read that finds it. An empty tensor round-trips.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from .rounding import (
     round_to_codes,
     work_dtype,
 )
-from .scaling import amax_scale, block_amax, exact_reciprocal, pow2_scale, two_level_scales
+from .scaling import amax_scale, block_amax, exact_reciprocal, nan_where_not_finite, pow2_scale, two_level_scales
 from .schemes import Scheme, get_scheme
 
 # `hold`: a value a compiled graph stores once, where it is made, for every kernel that reads it.
@@ -167,7 +171,8 @@ def quantize(
     "stochastic" (noise from `generator`). axis: the dimension the blocks run along.
     amax: use this amax instead of the tensor's own to set the scales (one value per block,
     or one for all: delayed scaling); values beyond it saturate. A block that holds NaN or
-    ±inf still gets a NaN scale.
+    ±inf still gets a NaN scale, but its codes are those of the given amax's scale (a NaN
+    element: the format's NaN code, or 0), not zeros: they do not depend on x's own amax.
     tensor_amax: x's own amax, max |x| (NaN if x holds NaN), where the caller has it already
     (the fused AdamW finds a weight's as it writes it); a scheme of one block for the tensor, or
     a two-level scheme's tensor level, takes it instead of reducing x for it. It must be x's
@@ -182,37 +187,43 @@ def quantize(
                      axis=axis, amax=amax, tensor_amax=tensor_amax, block_amaxes=block_amaxes)
     codes = [
         element_codes(plan.X[r0:r1], plan.block_values(r0, r1), plan.scheme,
-                      None if plan.noise is None else plan.noise[r0:r1], reciprocal=plan.block_reciprocals(r0, r1))
+                      None if plan.noise is None else plan.noise[r0:r1], reciprocal=plan.block_reciprocals(r0, r1),
+                      nan_free=plan.nan_free)
         for r0, r1 in _row_chunks(plan.rows, plan.cols, plan.X.device)
     ]
     codes = torch.cat(codes) if codes else plan.X.new_zeros(plan.rows, plan.cols, dtype=torch.uint8)
     return plan.finish(pack(codes, plan.scheme.elem))
 
 
-def requantize(x: torch.Tensor, q: QuantizedTensor, axis: int) -> QuantizedTensor:
+def requantize(x: torch.Tensor, q: QuantizedTensor, axis: int, amax: torch.Tensor | None = None) -> QuantizedTensor:
     """x quantized along `axis` with the one decode scale of q, x's own quantization (one fp32
     scale per tensor, rounding to nearest): quantize(x, q.scheme, axis=axis) without the amax
     pass, since a tensor's amax and so its scale do not depend on the axis. A Linear's backward
     uses it in compiled graphs for the weight's column-wise copy, with the forward's scale; it
-    makes the element pass over the whole matrix at once (eagerly `quantize` goes by slices)."""
+    makes the element pass over the whole matrix at once (eagerly `quantize` goes by slices).
+    amax: the amax q was quantized by (delayed scaling's), whose scale makes the codes where
+    q's is NaN (x holds NaN or ±inf): quantize(x, q.scheme, axis=axis, amax=amax)."""
     scheme = q.scheme
     if scheme.block != (-1, -1) or scheme.two_level or scheme.scale_fmt.bits <= 8:
         raise ValueError(f"requantize needs one fp32 scale per tensor, not {scheme.name}")
     ax = _normalize_axis(axis, x.dim())
     X = _to_matrix(x.detach(), ax)
     scale = q.scale.float().reshape(1, 1)
-    reciprocal = held(exact_reciprocal(scale)) if torch.compiler.is_compiling() else None
-    codes = element_codes(X, scale, scheme, reciprocal=reciprocal)
+    factor = scale if amax is None else amax_scale(check_amax(amax, scale).reshape(1, 1), scheme.elem)
+    reciprocal = held(exact_reciprocal(factor)) if torch.compiler.is_compiling() else None
+    codes = element_codes(X, factor, scheme, reciprocal=reciprocal, nan_free=amax is None)
     return assemble(pack(codes, scheme.elem), scale, scheme, x.shape, ax)
 
 
-def element_codes(chunk, block_factor, scheme: Scheme, noise=None, *, reciprocal=None):
+def element_codes(chunk, block_factor, scheme: Scheme, noise=None, *, reciprocal=None, nan_free=True):
     """The element pass: codes of x scaled by its block's factor (the spec of every kernel).
 
     reciprocal: fp64 1 / scale per element (not with two-level schemes or noise), for x / scale
     as x · reciprocal rounded once to fp32 (`scaling.exact_reciprocal` says why it is the same
     quotient); the NaN-scale blocks are then found from it (finite exactly where the scale is:
-    a scale is positive and finite, or NaN), so that a compiled kernel reads it alone."""
+    a scale is positive and finite, or NaN), so that a compiled kernel reads it alone.
+    nan_free: the factors come from x's own amaxes, so a NaN element has a NaN factor; False
+    for a given amax's factors, where a NaN element takes the format's NaN code (0 without one)."""
     if scheme.two_level:
         scaled = chunk * block_factor  # x × enc, the product rounded in fp32
     elif reciprocal is not None:
@@ -221,9 +232,12 @@ def element_codes(chunk, block_factor, scheme: Scheme, noise=None, *, reciprocal
         scaled = chunk / block_factor  # x / scale: exact for powers of two, else rounded in fp32
     finite = torch.isfinite(block_factor if reciprocal is None else reciprocal)
     scaled = torch.where(finite, scaled, 0.0)  # NaN-scale blocks: 0 codes
-    # no NaN is left: a NaN element makes its block's amax, so its scale, NaN (and ±inf too);
-    # the other quotients are finite or ±inf (a scale or enc is finite and nonzero)
-    return round_to_codes(scaled, scheme.elem, noise=noise, nan_free=True)
+    # from x's own amaxes no NaN is left: a NaN element makes its block's amax, so its scale,
+    # NaN (and ±inf too); the other quotients are finite or ±inf (a scale or enc is finite and
+    # nonzero). From a given amax a NaN element's quotient is NaN
+    if not nan_free and not scheme.elem.has_nan:
+        scaled = torch.where(torch.isnan(scaled), 0.0, scaled)
+    return round_to_codes(scaled, scheme.elem, noise=noise, nan_free=nan_free)
 
 
 @dataclass
@@ -240,6 +254,7 @@ class Plan:
     factor: torch.Tensor  #: per block: the divisor (scale) or, two-level, the multiplier enc
     tensor_scale: torch.Tensor | None
     noise: torch.Tensor | None  #: int32 noise bits per element (stochastic rounding)
+    nan_free: bool = True  #: the factors come from x's own amaxes (else a NaN element's are finite)
 
     @property
     def rows(self) -> int:
@@ -312,8 +327,8 @@ def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None,
     overridden = amax is not None
     if amax is None:
         amax = actual
-    else:
-        amax = torch.where(torch.isfinite(actual), check_amax(amax, actual), actual)
+    else:  # the codes by the given amax; the scales stored NaN where x's own amax is not (below)
+        amax = check_amax(amax, actual).expand(actual.shape)
     tensor_scale = None
     # Per block: the scale to store, and the factor the elements are divided or multiplied by.
     if scheme.two_level:
@@ -324,8 +339,10 @@ def make_plan(x, scheme, *, scale_rule=None, rounding="nearest", generator=None,
         scales = factor = pow2_scale(amax, scheme.elem, scheme.scale_rule, scheme.scale_fmt)
     else:
         scales = factor = amax_scale(amax, scheme.elem)
+    if overridden:
+        scales = nan_where_not_finite(scales, actual)
     noise = draw_noise((rows, cols), x.device, generator) if rounding == "stochastic" else None
-    return Plan(x.shape, axis, scheme, X, br, bc, scales, factor, tensor_scale, noise)
+    return Plan(x.shape, axis, scheme, X, br, bc, scales, factor, tensor_scale, noise, not overridden)
 
 
 def check_amax(amax, actual: torch.Tensor) -> torch.Tensor:

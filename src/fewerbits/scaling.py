@@ -66,7 +66,7 @@ def _reciprocal_f32(value: float, like: torch.Tensor) -> torch.Tensor:
 _NAN_BITS = 0x7FC00000  # the fp32 NaN torch writes for torch.nan
 
 
-def _nan_where_not_finite(scale: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+def nan_where_not_finite(scale: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     """scale (fp32) where amax is finite, else NaN (the bits 0x7FC00000 every way).
 
     In a graph torch.compile traces, the NaN is made from scale's own bits (zeroed, then the
@@ -86,7 +86,7 @@ def amax_scale(amax: torch.Tensor, elem: FloatFormat) -> torch.Tensor:
         quotient = divide_by_constant(amax.float(), elem.max)
     else:
         quotient = amax.float() / _f32(elem.max, amax)
-    return _nan_where_not_finite(quotient.clamp(min=FP32.min_normal), amax)
+    return nan_where_not_finite(quotient.clamp(min=FP32.min_normal), amax)
 
 
 def divide_by_constant(x: torch.Tensor, divisor: float) -> torch.Tensor:
@@ -154,7 +154,7 @@ def pow2_scale(
     """Power-of-two decode scales (float32: 2^-127 … 2^127 are all exact), exponent clamped to
     `scale_fmt`'s range."""
     k = pow2_exponent(amax, elem, rule).clamp(scale_fmt.emin, scale_fmt.emax)
-    return _nan_where_not_finite(exp2(k, torch.float32), amax)
+    return nan_where_not_finite(exp2(k, torch.float32), amax)
 
 
 def two_level_tensor_scales(
@@ -176,7 +176,7 @@ def two_level_scales(
     raw = torch.clamp(block_amax.float() * multiplier, max=FLT_MAX)
     raw = raw.clamp(-scale_fmt.max, scale_fmt.max)
     block = round_to_format(raw, scale_fmt)  # exact in fp32 for E4M3
-    block = _nan_where_not_finite(block, block_amax)
+    block = nan_where_not_finite(block, block_amax)
     enc = torch.clamp(_one_over(block * s_dec), max=FLT_MAX)
     return block, s_dec, enc
 

@@ -114,6 +114,8 @@ def quantize(x: torch.Tensor, scheme, *, scale_rule=None, rounding="nearest", ge
     from .cast import cast_codes
 
     scheme_ = get_scheme(scheme, scale_rule)
+    if amax is not None and not scheme_.elem.has_nan:  # a NaN element's code under a given amax
+        return reference_quantize(x, scheme, **kwargs)  # is 0 there, which no kernel makes
     if tensor_amax is not None:
         tensor_amax = check_tensor_amax(tensor_amax, x.device)
     if block_amaxes is not None:

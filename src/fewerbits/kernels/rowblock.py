@@ -51,7 +51,7 @@ import triton.language as tl
 
 from ..codes import code_table, pack as pack_codes
 from ..quantize import check_amax
-from ..scaling import two_level_tensor_scales
+from ..scaling import nan_where_not_finite, two_level_tensor_scales
 from ..schemes import Scheme
 from .cast import (_bf16x2, _capability, _encode_store, _in_both_lanes, _nearest_lanes, _nearest_magnitude,
                    _round_codes, _round_values, _seed_noise, _store_codes, _to_bf16, _two_lanes, cdiv,
@@ -1553,8 +1553,10 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
     """(codes, fp32 scales) of the (R, C) matrix X with one block per row or one for all.
 
     One reduction gives the amax (per row or of the tensor, NaN propagating), then one kernel
-    applies the scale rule and writes scales and codes. `amax` overrides it where the actual
-    amax is finite, as the reference does for delayed scaling. `tensor_amax`: X's own amax,
+    applies the scale rule and writes scales and codes. `amax` (delayed scaling's) makes the
+    scales and codes instead, as in the reference: the scale of a block whose own amax is not
+    finite is then stored NaN, its codes kept (a format with a NaN code: the caller sends the
+    others to the reference). `tensor_amax`: X's own amax,
     given (0-d fp32), where X is one block: no reduction then; `block_amaxes`: its rows' own
     amaxes (or the one block's), given (fp32, one per row): no reduction for them either.
 
@@ -1592,9 +1594,9 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
         actual = tensor_amax
     else:
         actual = amax_by_kernel(X)
-    actual = actual.float().reshape(-1)
+    actual = own = actual.float().reshape(-1)
     if amax is not None:
-        actual = torch.where(torch.isfinite(actual), check_amax(amax, actual), actual)
+        actual = check_amax(amax, own).expand(own.shape).contiguous()
     codes = torch.empty(R, (C + 1) // 2 if elem.bits == 4 else C, dtype=torch.uint8, device=X.device)
     scales = torch.empty(R if per_row else 1, 1, dtype=torch.float32, device=X.device)
     if columns:
@@ -1606,6 +1608,9 @@ def quantize_with_amax(X: torch.Tensor, scheme: Scheme, seed: torch.Tensor | Non
             RULE=k["RULE"], KMIN=k["KMIN"], KMAX=k["KMAX"], EMAX_ELEM=k["EMAX_ELEM"],
             STOCHASTIC=seed is not None, X_BF16=X.dtype == torch.bfloat16, **format_constants(elem, X.device),
             num_warps=warps)
-        return codes, scales
-    _launch(X, seed, codes, scales, scheme, rule, scales, actual, tile_c, 1 if per_row else 2, False, tile_r, tile_c)
+    else:
+        _launch(X, seed, codes, scales, scheme, rule, scales, actual, tile_c, 1 if per_row else 2, False, tile_r,
+                tile_c)
+    if amax is not None:
+        scales = nan_where_not_finite(scales, own.reshape(scales.shape))
     return codes, scales
