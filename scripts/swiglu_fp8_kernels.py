@@ -23,6 +23,8 @@ after the warm-up in an NVTX range named "measured" instead, for Nsight Compute.
   no_div_rounding  without correctly rounded division (not eager mode's bits: a diagnostic)
   no_emulate       without emulate_precision_casts (not eager mode's bits: a diagnostic)
   cdt              inductor's coordinate_descent_tuning on
+  zeroed           a given amax's (delayed scaling's) codes zeroed where the tensor's own amax is
+                   not finite, as before v84: the codes wait on that amax (fp8_delayed only)
 
 With --step, `fewerbits bench train` runs once per variant in one process (the variants that
 leave compile_model's options alone), each compiling its arms afresh.
@@ -30,6 +32,7 @@ leave compile_model's options alone), each compiling its arms afresh.
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import statistics
 import sys
@@ -49,6 +52,23 @@ def flat_amax(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x, ord=float("inf"))
 
 
+def zeroed_plan(make_plan):
+    """make_plan as before v84: under a given amax, a block whose own amax is not finite (its
+    stored scale NaN) gets a NaN factor, so zero codes that depend on its own amax."""
+    def plan(x, scheme, *, amax=None, **kwargs):
+        out = make_plan(x, scheme, amax=amax, **kwargs)
+        if amax is None:
+            return out
+        return dataclasses.replace(out, factor=torch.where(torch.isfinite(out.scales), out.factor, out.scales),
+                                   nan_free=True)
+    return plan
+
+
+def requantize_by_scale(requantize):
+    """requantize as before v84: the codes by q's stored scale alone, given amax or not."""
+    return lambda x, q, axis, amax=None: requantize(x, q, axis)
+
+
 # name: (patches [(module, attribute, the replacement made from the original)], compile options,
 # global inductor config)
 VARIANTS = {
@@ -61,6 +81,7 @@ VARIANTS = {
     "no_div_rounding": ([], {k: False for k in _division_rounding()}, {}),
     "no_emulate": ([], {"emulate_precision_casts": False}, {}),
     "cdt": ([], {}, {"coordinate_descent_tuning": True}),
+    "zeroed": ([(quantize_mod, "make_plan", zeroed_plan), (linear_mod, "requantize", requantize_by_scale)], {}, {}),
 }
 
 
