@@ -241,6 +241,19 @@ def test_one_amax_per_tensor_or_row_with_specials_overrides_and_layouts(name):
                     fb.quantize(x, name, amax=amax, generator=gen(), **sr))
 
 
+@pytest.mark.parametrize("name", ["fp8_e4m3_1x128", "fp8_e4m3_128x128", "mxfp8_e4m3", "nvfp4"])
+def test_given_block_amaxes_make_the_codes_of_blocks_holding_nan_or_inf(name):
+    """Smaller blocks under given amaxes (one a block): the kernels' bits are the reference's
+    where a block holds NaN or inf (its codes by the given amax's scale, its scale NaN), with
+    one given amax for all blocks too, and a NaN or inf given amax."""
+    x = torch.from_numpy(hard_matrix(150, 300, seed=8, specials=True)).to(DEVICE)
+    grid = fb.quantize(x, name).scale.shape
+    amaxes = torch.linspace(0.5, 40.0, grid[0] * grid[1], device=DEVICE)
+    for amax in (amaxes, torch.tensor(3.0, device=DEVICE), torch.tensor(float("nan"), device=DEVICE)):
+        for t in (x, x.bfloat16()):
+            assert same(kernels.quantize(t, name, amax=amax), fb.quantize(t, name, amax=amax)), (t.dtype, amax.numel())
+
+
 @pytest.mark.parametrize("scheme", [fb.get_scheme("fp8_e4m3_row"), fb.get_scheme("fp8_e4m3_row", "rceil"),
                                     fb.get_scheme("fp8_e4m3_row", "floor"), fb.Scheme("fp8_e5m2", (1, -1), "fp32"),
                                     fb.Scheme("int8", (1, -1), "fp32"), fb.Scheme("fp6_e3m2", (1, -1), "fp32")],
