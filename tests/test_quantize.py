@@ -489,8 +489,6 @@ def test_a_given_amax_makes_the_codes_of_a_tensor_holding_nan_or_inf(name):
     format's NaN code with its sign (0 in FP4, which has none), the other codes as ml_dtypes
     casts them — and stores a NaN scale where its own amax is not finite; by its own amax it
     stores zero codes. A given NaN or inf amax (a history that recorded one) gives zero codes."""
-    import ml_dtypes
-
     scheme = get_scheme(name) if name != "fp4_tensor" else Scheme("fp4_e2m1", (-1, -1), "fp32")
     elem = scheme.elem
     x = torch.from_numpy(hard_matrix(24, 40, seed=3, specials=False)) * 1e-3
