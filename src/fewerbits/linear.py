@@ -87,8 +87,12 @@ class DelayedScalingState(nn.Module):
         self.recording = True  #: set per forward: training with autograd records, evaluation not
 
     def amax_for(self, role: str) -> torch.Tensor:
-        """The amax (with the margin) that quantizes `role` now; a copy, safe to keep."""
-        return self.amax[ROLES.index(role)].clone() * 2.0**self.config.margin
+        """The amax (with the margin) that quantizes `role` now; a copy, safe to keep. Compiled,
+        it is held (stored where it is read), so that a backward using it takes this value: the
+        partitioner would otherwise read the buffer again in backward, after `record` has
+        changed it, rather than save what the forward read."""
+        amax = self.amax[ROLES.index(role)].clone() * 2.0**self.config.margin
+        return held(amax) if torch.compiler.is_compiling() else amax
 
     @torch.no_grad()
     def record(self, role: str, t: torch.Tensor, amax: torch.Tensor | None = None) -> None:
@@ -469,11 +473,6 @@ class _QuantizedLinearFn(torch.autograd.Function):
         # delayed scaling: the amaxes chosen after the previous step, kept for backward too
         amax_in = cfg.input_state.amax_for("input") if state is not None else None
         amax_w = state.amax_for("weight") if state is not None else None
-        if state is not None and torch.compiler.is_compiling():
-            # held: the values read now, saved for backward, which would otherwise read them again
-            # from the buffers this forward's records have changed by then (the partitioner
-            # recomputes a read of a buffer rather than save it)
-            amax_in, amax_w = held(amax_in), held(amax_w)
 
         if recipe.weight_qat is not None:  # QAT: the GEMMs see Q(W); W gets their gradient
             weight_amax = None  # W's, not Q(W)'s
