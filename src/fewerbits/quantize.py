@@ -254,7 +254,7 @@ class Plan:
     factor: torch.Tensor  #: per block: the divisor (scale) or, two-level, the multiplier enc
     tensor_scale: torch.Tensor | None
     noise: torch.Tensor | None  #: int32 noise bits per element (stochastic rounding)
-    nan_free: bool = True  #: the factors come from x's own amaxes (else a NaN element's are finite)
+    nan_free: bool = True  #: the factors come from x's own amaxes (False: a given amax's, finite at a NaN element)
 
     @property
     def rows(self) -> int:
