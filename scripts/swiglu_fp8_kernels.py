@@ -25,6 +25,8 @@ after the warm-up in an NVTX range named "measured" instead, for Nsight Compute.
   cdt              inductor's coordinate_descent_tuning on
   zeroed           a given amax's (delayed scaling's) codes zeroed where the tensor's own amax is
                    not finite, as before v84: the codes wait on that amax (fp8_delayed only)
+  clamped          FP8 codes clamped to ±max by `clamp` (NaN-propagating maxima and minima in
+                   inductor's kernels), as before v85, not by two selects
 
 With --step, `fewerbits bench train` runs once per variant in one process (the variants that
 leave compile_model's options alone), each compiling its arms afresh.
@@ -45,6 +47,7 @@ from fewerbits.convert import _division_rounding, compile_model
 # the modules (the package's names `quantize` and `linear` are its functions)
 quantize_mod = importlib.import_module("fewerbits.quantize")
 linear_mod = importlib.import_module("fewerbits.linear")
+rounding_mod = importlib.import_module("fewerbits.rounding")
 kernels_mod = importlib.import_module("fewerbits.kernels")
 
 
@@ -69,6 +72,18 @@ def requantize_by_scale(requantize):
     return lambda x, q, axis, amax=None: requantize(x, q, axis)
 
 
+def clamped_codes(native_fp8_codes):
+    """native_fp8_codes as before v85: the saturation by clamp."""
+    def codes(v, fmt, *, nan_free=False):
+        code = v.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype).view(torch.uint8)
+        if nan_free:
+            return code
+        sign_bit = 1 << (fmt.exp_bits + fmt.man_bits)
+        nan_code = torch.where(torch.signbit(v), fmt.nan_code | sign_bit, fmt.nan_code).to(torch.uint8)
+        return torch.where(torch.isnan(v), nan_code, code)
+    return codes
+
+
 # name: (patches [(module, attribute, the replacement made from the original)], compile options,
 # global inductor config)
 VARIANTS = {
@@ -82,6 +97,7 @@ VARIANTS = {
     "no_emulate": ([], {"emulate_precision_casts": False}, {}),
     "cdt": ([], {}, {"coordinate_descent_tuning": True}),
     "zeroed": ([(quantize_mod, "make_plan", zeroed_plan), (linear_mod, "requantize", requantize_by_scale)], {}, {}),
+    "clamped": ([(rounding_mod, "native_fp8_codes", clamped_codes)], {}, {}),
 }
 
 

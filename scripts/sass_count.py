@@ -1,0 +1,123 @@
+"""Instructions an element in the loop of an inductor Triton kernel, compiled for sm_90 here,
+without a GPU: a way to weigh how the library writes a cast before a device measures it.
+
+    TORCH_LOGS=output_code python3 ... 2> dump.txt        (on the GPU: inductor's output code)
+    python3 scripts/sass_count.py dump.txt KERNEL_NAME [--xblock 1 --rblock 2048 --warps 8] [--sass out.sass]
+
+It takes the kernel's source out of the dump (the log's prefixes stripped), compiles it with
+Triton for an sm_90 target with the signature, pointer alignments and fp-fusion setting
+inductor recorded for it, disassembles it with the cuobjdump that Triton ships, and prints the
+instructions of its longest loop and their number per element (XBLOCK × RBLOCK elements an
+iteration over 32 × warps threads). The launch shape is an argument: inductor's autotuner
+chooses it on the device, so the count is for the shape given. Out-of-line slow paths (a
+correctly rounded division's) lie outside the loop and are not counted.
+"""
+
+import argparse
+import collections
+import importlib.util
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PREFIX = re.compile(r"^V\d{4} [\d:.]+ \d+ \S+\] \[[^]]*\] \[__output_code\] ?", re.M)
+
+
+def kernel_source(dump: str, name: str) -> tuple[str, dict, dict, bool]:
+    """(source of the @triton.jit function, signature, attrs, enable_fp_fusion) of `name`."""
+    text = PREFIX.sub("", dump)
+    head = f"{name} = async_compile.triton("
+    if head not in text:
+        raise SystemExit(f"no kernel named {name} in the dump")
+    start = text.index(head)
+    body = text[start:].split("'''", 2)[1]
+    body = body.replace("triton_helpers.set_driver_to_gpu()", "")
+    body = re.sub(r"@triton_heuristics\.\w+\(.*?\n\)\n", "", body, flags=re.S)
+    meta = text[start:start + len(body) + 4000]
+    signature = eval(re.search(r"'signature': (\{.*?\})", meta).group(1))  # noqa: S307 (inductor's own dump)
+    attrs = eval(re.search(r"'configs': \[(\{.*?\})\]", meta).group(1))  # noqa: S307
+    fusion = "'enable_fp_fusion': False" not in meta
+    return body, signature, attrs, fusion
+
+
+def compile_sm90(body: str, name: str, signature: dict, attrs: dict, fusion: bool, constants: dict, warps: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    path = Path(tempfile.mkdtemp()) / "kernel.py"
+    path.write_text(body)
+    spec = importlib.util.spec_from_file_location("kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    constants = {k: v for k, v in constants.items() if k in signature}
+    names = list(signature)
+    src = ASTSource(getattr(module, name), signature=signature,
+                    constexprs={(names.index(k),): v for k, v in constants.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "enable_fp_fusion": fusion})
+
+
+def sass(cubin: bytes) -> str:
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool), "-sass", f.name], check=True, capture_output=True, text=True).stdout
+
+
+def longest_loop(listing: str) -> list[tuple[int, str]] | None:
+    """The instructions from the target of the longest backward branch to the branch; None for
+    a kernel without a loop."""
+    ins = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", listing)]
+    loops = []
+    for addr, text in ins:
+        m = re.search(r"BRA (?:!?U?P\d, )?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            loops.append((int(m.group(1), 16), addr))
+    if not loops:
+        return None
+    lo, hi = max(loops, key=lambda ab: ab[1] - ab[0])
+    return [(a, t) for a, t in ins if lo <= a <= hi]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("dump")
+    p.add_argument("kernel")
+    p.add_argument("--xblock", type=int, default=1)
+    p.add_argument("--rblock", type=int, default=2048)
+    p.add_argument("--warps", type=int, default=8)
+    p.add_argument("--sass", help="write the whole listing here")
+    p.add_argument("--top", type=int, default=12, help="opcodes to list")
+    a = p.parse_args(argv)
+    body, signature, attrs, fusion = kernel_source(Path(a.dump).read_text(), a.kernel)
+    constants = {"XBLOCK": a.xblock, "R0_BLOCK": a.rblock, "RBLOCK": a.rblock}
+    for k in constants:
+        if k in signature:
+            signature[k] = "constexpr"
+    kernel = compile_sm90(body, a.kernel, signature, attrs, fusion, constants, a.warps)
+    listing = sass(kernel.asm["cubin"])
+    if a.sass:
+        Path(a.sass).write_text(listing)
+    loop = longest_loop(listing)
+    if loop is None:  # a pointwise kernel: XBLOCK elements a program, every instruction once
+        loop = [(0, m.group(1).strip()) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", listing)]
+        per_thread = a.xblock / (32 * a.warps)
+        where = "in the kernel (no loop)"
+    else:
+        per_thread = a.xblock * a.rblock / (32 * a.warps)
+        where = "in its loop"
+    print(f"{a.kernel}: {len(loop)} instructions {where}, {per_thread:g} elements a thread: "
+          f"{len(loop) / per_thread:.1f} an element")
+    ops = collections.Counter(t.split()[0] if not t.startswith("@") else t.split()[1] for _, t in loop)
+    for op, n in ops.most_common(a.top):
+        print(f"  {n:4d}  {op}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
