@@ -216,7 +216,7 @@ def test_native_fp8_codes_are_the_reference_codes(name, rng):
     """Compiled graphs take FP8 codes from torch's conversion (rounding.native_fp8_codes): the
     reference's codes for every bf16 pattern, random fp32 values, ties and their neighbours,
     the boundaries, ±inf and NaN of both signs; where finite, ml_dtypes' codes of the clipped
-    value as well."""
+    value as well; and the same codes compiled by inductor (its saturation by two selects)."""
     from fewerbits.rounding import native_fp8_codes, round_to_codes
 
     fmt = FORMATS[name]
@@ -230,6 +230,12 @@ def test_native_fp8_codes_are_the_reference_codes(name, rng):
     oracle = np.clip(x[finite], -fmt.max, fmt.max).astype(ORACLE[name]).view(np.uint8)
     assert np.array_equal(got.numpy()[finite], oracle)
     assert got[torch.isnan(v) & torch.signbit(v)].unique().tolist() == [fmt.nan_code | 0x80]
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(lambda t: native_fp8_codes(t, fmt), fullgraph=True)(v)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(compiled, got)
 
 
 def test_device_constants_are_built_once_by_another_thread():
