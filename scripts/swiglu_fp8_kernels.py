@@ -27,6 +27,10 @@ after the warm-up in an NVTX range named "measured" instead, for Nsight Compute.
                    not finite, as before v84: the codes wait on that amax (fp8_delayed only)
   clamped          FP8 codes clamped to ±max by `clamp` (NaN-propagating maxima and minima in
                    inductor's kernels), as before v85, not by two selects
+  int_amax         the amax as the integer maximum of the magnitudes' fp32 bit patterns (NaN's
+                   above +inf's): the same value but a NaN's payload, in fewer instructions an
+                   element in the fused casts by scripts/sass_count.py (v85), if inductor keeps
+                   the dtype view in the kernel that makes the codes
 
 With --step, `fewerbits bench train` runs once per variant in one process (the variants that
 leave compile_model's options alone), each compiling its arms afresh.
@@ -84,6 +88,18 @@ def clamped_codes(native_fp8_codes):
     return codes
 
 
+def int_amax(tensor_amax_of):
+    """tensor_amax_of by the integer maximum of |x|'s fp32 bit patterns (the rows' maxima, then
+    theirs), for fp32, bf16 and fp16 tensors holding an element."""
+    def amax(x):
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or x.numel() == 0:
+            return tensor_amax_of(x)
+        bits = x.float().view(torch.int32) & 0x7FFFFFFF
+        top = bits.amax(dim=-1).amax() if x.dim() >= 2 else bits.amax()
+        return top.view(torch.float32).to(x.dtype)
+    return amax
+
+
 # name: (patches [(module, attribute, the replacement made from the original)], compile options,
 # global inductor config)
 VARIANTS = {
@@ -98,6 +114,7 @@ VARIANTS = {
     "cdt": ([], {}, {"coordinate_descent_tuning": True}),
     "zeroed": ([(quantize_mod, "make_plan", zeroed_plan), (linear_mod, "requantize", requantize_by_scale)], {}, {}),
     "clamped": ([(rounding_mod, "native_fp8_codes", clamped_codes)], {}, {}),
+    "int_amax": ([(quantize_mod, "tensor_amax_of", int_amax), (linear_mod, "tensor_amax_of", int_amax)], {}, {}),
 }
 
 
