@@ -3,7 +3,7 @@ without a GPU: a way to weigh how the library writes a cast before a device meas
 
     TORCH_LOGS=output_code python3 ... 2> dump.txt        (on the GPU: inductor's output code)
     python3 scripts/sass_count.py dump.txt KERNEL_NAME [--xblock 1 --rblock 2048 --warps 8] [--sass out.sass]
-    python3 scripts/sass_count.py dump.txt --all      (every looped reduction and pointwise kernel)
+    python3 scripts/sass_count.py dump.txt --all      (every large one-dimensional reduction and pointwise kernel)
 
 It takes the kernel's source out of the dump (the log's prefixes stripped), compiles it with
 Triton for an sm_90 target with the signature, pointer alignments and fp-fusion setting
@@ -15,6 +15,7 @@ correctly rounded division's) lie outside the loop and are not counted.
 """
 
 import argparse
+import ast
 import collections
 import importlib.util
 import math
@@ -47,8 +48,8 @@ def kernel_source(dump: str, name: str, start: int | None = None) -> tuple[str, 
     body = body.replace("triton_helpers.set_driver_to_gpu()", "")
     body = re.sub(r"@triton_heuristics\.\w+\(.*?\n\)\n", "", body, flags=re.DOTALL)
     meta = text[start:start + len(body) + 4000]
-    signature = eval(re.search(r"'signature': (\{.*?\})", meta).group(1))
-    attrs = eval(re.search(r"'configs': \[(\{.*?\})\]", meta).group(1))
+    signature = ast.literal_eval(re.search(r"'signature': (\{.*?\})", meta).group(1))
+    attrs = ast.literal_eval(re.search(r"'configs': \[(\{.*?\})\]", meta).group(1))
     fusion = "'enable_fp_fusion': False" not in meta
     return body, signature, attrs, fusion
 
