@@ -28,17 +28,15 @@ from pathlib import Path
 PREFIX = re.compile(r"^V\d{4} [\d:.]+ \d+ \S+\] \[[^]]*\] \[__output_code\] ?", re.MULTILINE)
 
 
-def kernel_names(dump: str) -> list[tuple[str, int]]:
-    """(name, offset in the prefix-stripped dump) of every kernel; a name can come again in a
-    later graph (forward, then backward) with another body."""
-    text = PREFIX.sub("", dump)
+def kernel_names(text: str) -> list[tuple[str, int]]:
+    """(name, offset in the dump's text) of every kernel; a name can come again in a later graph
+    (forward, then backward) with another body."""
     return [(m.group(1), m.start()) for m in re.finditer(r"^(triton_\w+) = async_compile\.triton\(", text, re.MULTILINE)]
 
 
-def kernel_source(dump: str, name: str, start: int | None = None) -> tuple[str, dict, dict, bool]:
-    """(source of the @triton.jit function, signature, attrs, enable_fp_fusion) of `name`, the
-    first of that name or the one at `start`."""
-    text = PREFIX.sub("", dump)
+def kernel_source(text: str, name: str, start: int | None = None) -> tuple[str, dict, dict, bool]:
+    """(source of the @triton.jit function, signature, attrs, enable_fp_fusion) of `name` in the
+    dump's text (its log prefixes stripped), the first of that name or the one at `start`."""
     head = f"{name} = async_compile.triton("
     if start is None:
         if head not in text:
@@ -97,9 +95,9 @@ def longest_loop(listing: str) -> list[tuple[int, str]] | None:
     return [(a, t) for a, t in ins if lo <= a <= hi]
 
 
-def count(dump: str, name: str, start: int | None, xblock: int, rblock: int, warps: int, sass_path=None):
+def count(text: str, name: str, start: int | None, xblock: int, rblock: int, warps: int, sass_path=None):
     """(instructions counted, elements a thread, where, opcode counts) of one kernel."""
-    body, signature, attrs, fusion = kernel_source(dump, name, start)
+    body, signature, attrs, fusion = kernel_source(text, name, start)
     constants = {"XBLOCK": xblock, "R0_BLOCK": rblock, "RBLOCK": rblock}
     for k in constants:
         if k in signature:
@@ -135,12 +133,12 @@ def main(argv=None):
     p.add_argument("--sass", help="write the whole listing here")
     p.add_argument("--top", type=int, default=12, help="opcodes to list")
     a = p.parse_args(argv)
-    dump = Path(a.dump).read_text()
+    text = PREFIX.sub("", Path(a.dump).read_text())  # the output code without the log's prefixes
     if a.all:
         skipped = 0
-        for name, start in kernel_names(dump):
+        for name, start in kernel_names(text):
             shape = (1, 2048, 8) if name.startswith("triton_red") else (1024, 1, 4) if name.startswith("triton_poi") else None
-            body = kernel_source(dump, name, start)[0]
+            body = kernel_source(text, name, start)[0]
             sizes = [int(n) for n in re.findall(r"^\s+(?:x|r0_)numel = (\d+)$", body, re.MULTILINE)]
             # counted: one-dimensional launches over a million elements or more (a persistent
             # reduction's RBLOCK is its whole row, a 2-D pointwise tile has a YBLOCK, and a small
@@ -149,7 +147,7 @@ def main(argv=None):
                 skipped += 1
                 continue
             try:
-                n, per_thread, where, _ = count(dump, name, start, *shape)
+                n, per_thread, where, _ = count(text, name, start, *shape)
             except Exception as e:  # noqa: BLE001 (one kernel that does not compile here)
                 print(f"   -   {name[:110]}: not compiled here ({type(e).__name__})")
                 continue
@@ -158,7 +156,7 @@ def main(argv=None):
         return 0
     if not a.kernel:
         p.error("give a kernel's name, or --all")
-    n, per_thread, where, ops = count(dump, a.kernel, None, a.xblock, a.rblock, a.warps, a.sass)
+    n, per_thread, where, ops = count(text, a.kernel, None, a.xblock, a.rblock, a.warps, a.sass)
     print(f"{a.kernel}: {n} instructions {where}, {per_thread:g} elements a thread: {n / per_thread:.1f} an element")
     for op, k in ops.most_common(a.top):
         print(f"  {k:4d}  {op}")
