@@ -29,8 +29,7 @@ after the warm-up in an NVTX range named "measured" instead, for Nsight Compute.
                    inductor's kernels), as before v85, not by two selects
   int_amax         the amax as the integer maximum of the magnitudes' fp32 bit patterns (NaN's
                    above +inf's): the same value but a NaN's payload, in fewer instructions an
-                   element in the fused casts by scripts/sass_count.py (v85), if inductor keeps
-                   the dtype view in the kernel that makes the codes
+                   element in the fused casts (v85's count) but hardly faster (v86)
 
 With --step, `fewerbits bench train` runs once per variant in one process (the variants that
 leave compile_model's options alone), each compiling its arms afresh.
