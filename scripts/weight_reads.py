@@ -4,16 +4,17 @@
 
 The step is `bench train`'s (bench.training_step: the model compiled block by block by
 `compile_model`, fp32 master weights, the trainer's AdamW with the weights' amaxes given to the
-quantizers) on a one-block Llama small enough for a CPU (width 256, SwiGLU 768, 4 heads, 2 KV
-heads). Inductor's graphs are read after its own passes (its `post_grad_custom_post_pass`), the
-ones it turns into kernels: for every 2-D fp32 input of a graph at least 128 on a side (the
-block's weights), the operations that read it through views, each with the library function
-that made it (the last frame in linear.py, and the one in the module that made the operation;
-operations alike from one place listed once), or "kept for backward" where the forward graph
-returns it for the backward graph. A weight read by a
-cast in the forward graph and again in the backward graph is read from fp32 twice a step; how
-inductor then groups those reads into kernels depends on its backend (the CPU's C++ kernels
-fuse more than a GPU's Triton ones), so this counts passes the graph asks for, not kernels.
+quantizers: on a CPU, where AdamW is not the fused kernel, `set_weight_amaxes` reduces each
+weight for its amax outside the graphs) on a one-block Llama small enough for a CPU (width 256,
+SwiGLU 768, 4 heads, 2 KV heads). Inductor's graphs are read after its own passes (its
+`post_grad_custom_post_pass`), the ones it turns into kernels: for every 2-D fp32 input of a
+graph at least 128 on a side (the block's weights), the operations that read it through views,
+each with the library function that made it (the last frame in linear.py, and the one in the
+module that made the operation; operations alike from one place listed once), or "kept for
+backward" where the forward graph returns it for the backward graph. A weight read by a cast in
+the forward graph and again in the backward graph is read from fp32 twice a step; how inductor
+then groups those reads into kernels depends on its backend (the CPU's C++ kernels fuse more
+than a GPU's Triton ones), so this counts passes the graph asks for, not kernels.
 """
 
 import argparse
