@@ -678,11 +678,88 @@ def test_prepared_dgrad_weights_are_the_quantizers_bits(recipe, special):
 
 
 def test_prepare_weight_refuses_weights_that_are_not_reused():
-    """Delayed scaling (the amax history moves with every cast) and an unquantized weight
-    operand leave nothing to prepare."""
+    """Delayed scaling without micro_batches (the amax history moves with every cast) and an
+    unquantized weight operand leave nothing to prepare; micro_batches must be a positive int."""
     for recipe in ("fp8_delayed", "bf16"):
         layer = fb.QuantizedLinear(64, 32, recipe=recipe)
         assert not layer.prepare_weight() and layer._prepared == ()
+    layer = fb.QuantizedLinear(64, 32, recipe="fp8_delayed")
+    for bad in (0, -1, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="micro_batches must be a positive int"):
+            layer.prepare_weight(micro_batches=bad)
+    assert layer.delayed_scaling.amax_history.abs().sum() == 0  # nothing recorded by a refusal
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_delayed_scaling_quantizes_a_weight_once_for_a_steps_micro_batches(compiled):
+    """prepare_weight(micro_batches=n) under delayed scaling serves the step's micro-batches as
+    Transformer Engine's is_first_microbatch does: every micro-batch multiplies the weight
+    quantized with the amax the first one would use, and the weight's amax history gets the
+    weight's amax for the first micro-batch and 0 for each later one. The reference is the
+    unprepared layer told so by hand (the first micro-batch's weight amax restored before each
+    later forward, a 0 recorded for its weight); outputs, both gradients, every history and
+    amax are its bits over two steps of three micro-batches, eagerly and compiled (one graph
+    over both steps)."""
+    from torch._dynamo.utils import counters
+
+    from fewerbits.linear import DelayedScalingState
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(fb.QuantizedLinear(64, 96, recipe="fp8_delayed"), nn.GELU(),
+                             fb.QuantizedLinear(96, 32, recipe="fp8_delayed"))
+
+    x = torch.randn(2, 16, 64)
+    scales = (1.0, 30.0, 0.05)  # the inputs' amaxes move from one micro-batch to the next
+
+    def steps(model, forward, prepare):
+        seen = []
+        layers = [m for m in model if isinstance(m, fb.QuantizedLinear)]
+        for step in range(2):
+            if prepare:
+                assert all(m.prepare_weight(micro_batches=len(scales)) for m in layers)
+            first = [m.delayed_scaling.amax[1].clone() for m in layers]
+            for micro, s in enumerate(scales):
+                if not prepare and micro > 0:  # the reference: the first micro-batch's weight amax,
+                    for m, a in zip(layers, first):  # and a 0 recorded for the weight
+                        m.delayed_scaling.amax[1] = a
+                        real = DelayedScalingState.record.__get__(m.delayed_scaling)
+                        m.delayed_scaling.record = (lambda role, t, amax=None, real=real:
+                                                    real(role, t, torch.zeros(()) if role == "weight" else amax))
+                xx = (x * s).requires_grad_()
+                y = forward(xx)
+                y.square().sum().backward()
+                for m in layers:
+                    m.delayed_scaling.__dict__.pop("record", None)
+                seen += [y.detach(), xx.grad]
+            for m in layers:
+                m.release_weight()
+            seen += [p.grad.clone() for p in model.parameters()]
+            seen += [t.clone() for m in layers for t in (m.delayed_scaling.amax_history, m.delayed_scaling.amax)]
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.sub_(0.01 * p.grad * (step + 1))
+                    p.grad = None
+        return seen
+
+    eager = make()
+    reference = steps(eager, eager, False)
+    model = make()
+    forward = model
+    if compiled:
+        torch._dynamo.reset()
+        forward = torch.compile(model, backend="aot_eager")
+        counters.clear()
+    got = steps(model, forward, True)
+    assert len(got) == len(reference) and all(torch.equal(a, b) for a, b in zip(reference, got))
+    if compiled:
+        assert counters["stats"]["unique_graphs"] == 1
+    # the weight's history: per step its amax, then two zeros; the input's: an amax a micro-batch
+    history = model[0].delayed_scaling.amax_history
+    assert (history[1] > 0).sum() == 2 and (history[0] > 0).sum() == 6
+    # a plain forward (nothing prepared) records the weight's amax again
+    model[0](x).sum().backward()
+    assert (history[1] > 0).sum() == 3
 
 
 @pytest.mark.parametrize("recipe", ["fp8_tensorwise", "mxfp4", "nvfp4", "bf16"])

@@ -498,8 +498,9 @@ class _QuantizedLinearFn(torch.autograd.Function):
             out = out + bias.to(out.dtype)
         if state is not None:
             state.record("input", x2)
-            state.record("weight", weight, amax=weight_amax if weight_amax is not None and weight_amax.dim() == 0
-                         else None)
+            if w_fprop is None:  # (prepared: `prepare_weight` made the weight's entries for its forwards)
+                state.record("weight", weight, amax=weight_amax if weight_amax is not None and weight_amax.dim() == 0
+                             else None)
 
         # save what the backward GEMMs need, and nothing else
         dg = recipe.dgrad
@@ -695,28 +696,45 @@ class QuantizedLinear(nn.Linear):
         if not on:
             self._config.weight_cache.clear()
 
-    def prepare_weight(self, *, in_place: bool = False) -> bool:
+    def prepare_weight(self, *, in_place: bool = False, micro_batches: int | None = None) -> bool:
         """Quantize the weight's fprop and dgrad operands now (dgrad's as the fprop codes
         transposed where those are its bits: `_codes_transposable`), for every forward and backward
         until `release_weight`: in compiled graphs too, which take them as inputs instead of
         quantizing the weight again — so the micro-batches of one optimizer step share them
         under gradient accumulation (eager code has `cache_weight` for that). Only where the
-        recipe reuses a weight operand (both quantized, rounded to nearest, no delayed-scaling
-        amax, no QAT); returns whether it prepared them. The weight must not change before
-        `release_weight`: an eager forward checks its version, a compiled graph cannot.
+        recipe reuses a weight operand (both quantized, rounded to nearest, no QAT; under
+        delayed scaling only given `micro_batches`, below); returns whether it prepared them.
+        The weight must not change before `release_weight`: an eager forward checks its
+        version, a compiled graph cannot.
+
+        micro_batches: under delayed scaling, the number of training forwards (the micro-batches
+        of one optimizer step) that these operands serve, as Transformer Engine's
+        `is_first_microbatch` serves them: the weight is quantized once, with the amax its next
+        forward would have used, and the step's entries of the weight's amax history are made
+        here, the weight's amax for the first micro-batch and 0 for each later one (TE casts the
+        weight in the first micro-batch only, so the later ones write no amax into its history;
+        a 0 adds nothing to the history's maximum). The forwards with these operands record no
+        weight amax of their own. Without it, delayed scaling quantizes the weight in every forward,
+        recording its amax each time, and nothing is prepared (the default: TE's
+        `is_first_microbatch=None`).
 
         in_place=True writes the operands into the tensors of the last in-place preparation,
         kept since (allocated between `release_weight` and the next preparation), where their
         shapes and dtypes still match: compiled graphs take a module's tensors as inputs at
         fixed addresses, and CUDA graphs record again when one moves, as operands made afresh
         each step would. The bits are the same either way."""
-        r, cfg = self.recipe, self._config
+        r, cfg, state = self.recipe, self._config, self.delayed_scaling
         ops = ((r.fprop.b, r.fprop, 1), (r.dgrad.b, r.dgrad, 0))
-        if (r.weight_qat is not None or self.delayed_scaling is not None
+        if micro_batches is not None and (isinstance(micro_batches, bool) or not isinstance(micro_batches, int)
+                                          or micro_batches < 1):
+            raise ValueError(f"micro_batches must be a positive int, not {micro_batches!r}")
+        if (r.weight_qat is not None or (state is not None and micro_batches is None)
                 or any(op.scheme is None or op.rounding != "nearest" for op, _, _ in ops)):
             return False
         known = self._given_weight_amax()
         with torch.no_grad():
+            # delayed scaling: the amax the next forward would quantize the weight with
+            amax = state.amax_for("weight") if state is not None else None
             made = []
             for op, gemm, axis in ops:
                 if axis == 0 and _codes_transposable(r.fprop.b, r.fprop, op, gemm):
@@ -727,8 +745,17 @@ class QuantizedLinear(nn.Linear):
                     made.append(replace(q, scale=q.scale.clone()) if q.scale is made[0].scale else q)
                     continue
                 block_amaxes, tensor_amax = _known_amaxes(gemm, axis, known)
-                made.append(_prepare(self.weight, op, gemm, axis, r.compute_dtype, None, True, tensor_amax,
+                made.append(_prepare(self.weight, op, gemm, axis, r.compute_dtype, amax, True, tensor_amax,
                                      block_amaxes))
+            if state is not None:  # the step's history entries: the weight's amax, then a 0 a micro-batch
+                recording, state.recording = state.recording, True  # (whatever the last forward was)
+                try:
+                    state.record("weight", self.weight, amax=known if known is not None and known.dim() == 0
+                                 else None)
+                    for _ in range(micro_batches - 1):
+                        state.record("weight", self.weight, amax=torch.zeros((), device=self.weight.device))
+                finally:
+                    state.recording = recording
         shells = tuple(replace(q, data=None, scale=None, tensor_scale=None) for q in made)
         if cfg.prepared != shells:  # kept when equal: a compiled graph guards on this object
             cfg.prepared = shells
