@@ -81,6 +81,23 @@ def test_everything_but_activations_is_the_sum_of_the_real_tensors(recipe, state
     assert fb.estimate_memory(get_preset(preset, 512), recipe, seq_len=32).items["kept weight copies"] == 0
 
 
+def test_delayed_weights_kept_once_a_step_are_what_prepare_weight_holds():
+    """With delayed_weight_once, the kept weight copies grow by the operands prepare_weight
+    holds for the delayed-scaling Linears (the fprop codes and their transpose, with scales);
+    without gradient accumulation nothing is kept."""
+    model = trainer_model("fp8_delayed", "tiny")
+    held = 0
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear) and m.delayed_scaling is not None:
+            assert m.prepare_weight(micro_batches=2)
+            held += sum(t.nbytes for t in m._prepared if t is not None)
+    cfg = get_preset("tiny", 512)
+    kept = [fb.estimate_memory(cfg, "fp8_delayed", batch_size=2, seq_len=32, grad_accum=2, delayed_weight_once=once)
+            .items["kept weight copies"] for once in (False, True)]
+    assert held > 0 and kept[1] - kept[0] == held
+    assert fb.estimate_memory(cfg, "fp8_delayed", seq_len=32, delayed_weight_once=True).items["kept weight copies"] == 0
+
+
 @pytest.mark.parametrize("recipe, preset, save_quantized", [
     ("bf16", "tiny", False), ("fp8_tensorwise", "tiny", False), ("fp32", "tiny", False), ("bf16", "tiny-moe", False),
     ("fp8_blockwise", "tiny", True), ("mxfp8", "tiny", True), ("nvfp4", "tiny", True), ("mxfp4", "tiny", True),

@@ -470,6 +470,42 @@ def test_compiled_gradient_accumulation_prepares_each_weight_once_a_step(corpus,
     assert losses("a") == losses("b") and prepared["final_val_loss"] == plain["final_val_loss"]
 
 
+def test_delayed_weight_once_quantizes_delayed_weights_once_a_step(corpus, cache, tmp_path, monkeypatch):
+    """--delayed-weight-once under fp8_delayed with three micro-batches a step, eagerly: every
+    delayed-scaling Linear is prepared once a step and released before the optimizer moves its
+    weight, and its weight's amax history holds one amax a step (9 forwards, 3 amaxes), where
+    without the option it holds one a micro-batch; the input's holds one a micro-batch either way.
+    A run made without it does not resume with it."""
+    import fewerbits.train.loop as loop
+
+    events, models = [], []
+    real_prepare, real_release, real_build = (fb.QuantizedLinear.prepare_weight, fb.QuantizedLinear.release_weight,
+                                              loop.build)
+
+    def prepare(m, **kw):
+        made = real_prepare(m, **kw)
+        events.extend(["p"] if made else [])
+        return made
+
+    monkeypatch.setattr(fb.QuantizedLinear, "prepare_weight", prepare)
+    monkeypatch.setattr(fb.QuantizedLinear, "release_weight", lambda m: events.append("r") or real_release(m))
+    monkeypatch.setattr(loop, "build", lambda *a: (lambda out: models.append(out[0]) or out)(real_build(*a)))
+    kw = dict(recipe="fp8_delayed", steps=3, grad_accum=3, batch_size=2, eval_every=3, checkpoint_every=0)
+    counts = {}
+    for run, once in (("a", True), ("b", False)):
+        events.clear()
+        train(config(corpus, cache, tmp_path, out=str(tmp_path / run), delayed_weight_once=once, **kw))
+        delayed = [m for m in models[-1].modules() if isinstance(m, fb.QuantizedLinear) and m.delayed_scaling is not None]
+        assert delayed
+        counts[run] = {tuple((m.delayed_scaling.amax_history[r] > 0).sum().item() for r in (0, 1)) for m in delayed}
+        layers = events.count("p") // 3
+        assert events == ((["p"] * layers + ["r"] * layers) * 3 if once else [])
+        assert layers == (len(delayed) if once else 0)
+    assert counts == {"a": {(9, 3)}, "b": {(9, 9)}}
+    with pytest.raises(loop.RunError, match="different delayed_weight_once"):
+        train(config(corpus, cache, tmp_path, out=str(tmp_path / "b"), delayed_weight_once=True, resume=True, **kw))
+
+
 @torch.no_grad()
 def _adamw_reference(params, states, lr, b1, b2, eps, wd, state_dtype):
     """The single-tensor AdamW formula (the optimizer's definition), one parameter at a time."""

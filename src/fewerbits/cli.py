@@ -301,7 +301,7 @@ def cmd_memory(args) -> int:
             grad_dtype=args.grad_dtype, fp32_grad_accumulation=args.fp32_grad_accumulation,
             grad_accum=args.grad_accum, checkpointing=args.checkpointing, dp=args.dp, zero=args.zero, tp=args.tp,
             fused_adamw=args.adamw == "fused", save_quantized_input=args.save_quantized_inputs,
-            recompute_weight_values=args.recompute_weight_values,
+            recompute_weight_values=args.recompute_weight_values, delayed_weight_once=args.delayed_weight_once,
         )
         for r in recipes
     ]
@@ -413,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Linears keep their input's quantized column-wise copy for backward (train's option)")
     p.add_argument("--recompute-weight-values", action="store_true",
                    help="NVFP4: Linears quantize each weight again for backward instead of keeping its values (train's option)")
+    p.add_argument("--delayed-weight-once", action="store_true",
+                   help="delayed scaling with --grad-accum above 1: each weight quantized once a step and kept (train's option)")
     p.add_argument("--adamw", choices=["fused", "multi-tensor"], default="fused",
                    help="the optimizer's update: one kernel per parameter (GPU default) or multi-tensor ops (CPU)")
     p.add_argument("--json", action="store_true", help="print JSON: params, total_bytes, items (bytes)")

@@ -219,7 +219,7 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
                     state_dtype: str = "float32", grad_dtype: str = "float32", fp32_grad_accumulation: bool = False,
                     grad_accum: int = 1, checkpointing: str = "none", dp: int = 1, zero: int = 0,
                     tp: int = 1, fused_adamw: bool = True, save_quantized_input: bool = False,
-                    recompute_weight_values: bool = False) -> MemoryEstimate:
+                    recompute_weight_values: bool = False, delayed_weight_once: bool = False) -> MemoryEstimate:
     """Itemised bytes per GPU of training `model` under `recipe` (see the module docstring).
 
     batch_size is the micro-batch per GPU; zero is the ZeRO stage (3 = FSDP full sharding);
@@ -228,7 +228,8 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
     save_quantized_input: the Linears keep their input's column-wise quantized copy for backward
     (the trainer's `save_quantized_inputs`) instead of the input; recompute_weight_values: NVFP4's
     Linears quantize their weights again for backward instead of keeping the forward's values
-    (the trainer's option of that name).
+    (the trainer's option of that name); delayed_weight_once: delayed scaling's weights too are
+    quantized once a step for its micro-batches and kept (the trainer's option of that name).
     """
     name, cfg = model_config(model)
     recipe = get_recipe(recipe)
@@ -264,7 +265,7 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
     if fp32_grad_accumulation and grad_dtype != "float32":
         items["fp32 gradient accumulation"] = shard(4 * p_local, 2)
     items["optimizer states"] = shard(math.ceil(2 * STATE_BYTES[state_dtype] * p_local), 1) + 4 * len(inv.params)
-    items["kept weight copies"] = _kept_weights(inv, tp) if grad_accum > 1 else 0
+    items["kept weight copies"] = _kept_weights(inv, tp, delayed_weight_once) if grad_accum > 1 else 0
     items["recipe state (amax histories)"] = inv.recipe_state
     items["model buffers"] = inv.buffers
     compute_name = str(recipe.compute_dtype).removeprefix("torch.")
@@ -290,12 +291,13 @@ def estimate_memory(model="small", recipe: str | Recipe = "bf16", *, batch_size:
     settings = dict(batch_size=batch_size, seq_len=seq_len, state_dtype=state_dtype, grad_dtype=grad_dtype,
                     grad_accum=grad_accum, checkpointing=checkpointing, dp=dp, zero=zero, tp=tp,
                     fused_adamw=fused_adamw, save_quantized_input=save_quantized_input,
-                    recompute_weight_values=recompute_weight_values)
+                    recompute_weight_values=recompute_weight_values, delayed_weight_once=delayed_weight_once)
     return MemoryEstimate(name, recipe.name, params, items, phases, max(phases.values()), settings, per_block)
 
 
-def _kept_weights(inv: Inventory, tp: int) -> int:
-    """Bytes of the fprop and dgrad weight operands that QuantizedLinear.cache_weight keeps."""
+def _kept_weights(inv: Inventory, tp: int, delayed: bool = False) -> int:
+    """Bytes of the fprop and dgrad weight operands kept for a step's micro-batches
+    (QuantizedLinear.cache_weight, prepare_weight; `delayed`: delayed scaling's weights too)."""
     from .quantize import quantized_nbytes
 
     total = 0
@@ -307,7 +309,7 @@ def _kept_weights(inv: Inventory, tp: int) -> int:
             op = gemm.b
             if op.scheme is None:  # a copy in the compute dtype (none in fp32: the parameter itself)
                 total += 0 if recipe.compute_dtype.itemsize == 4 else n * k * recipe.compute_dtype.itemsize
-            elif op.rounding == "nearest" and recipe.delayed is None:  # else prepared afresh each time
+            elif op.rounding == "nearest" and (recipe.delayed is None or delayed):  # else prepared afresh each time
                 total += quantized_nbytes((n, k), get_scheme(op.scheme), axis=axis)
     return total
 

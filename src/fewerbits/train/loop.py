@@ -84,6 +84,7 @@ class TrainConfig:
     compile_mode: str | None = None  #: torch.compile's mode, with --compile or --compile-blocks: default, reduce-overhead (on a GPU the compiled graphs replayed as CUDA graphs: the host launches a block at a time), max-autotune or max-autotune-no-cudagraphs
     save_quantized_inputs: bool = False  #: Linears keep their input's quantized column-wise copy for backward instead of the input (less activation memory; the same bits where inputs round to nearest, as in every built-in recipe)
     recompute_weight_values: bool = False  #: NVFP4 on a GPU: the input-gradient GEMM quantizes each weight again instead of keeping the forward's bf16 values (2 bytes a weight less memory between forward and backward, one more pass over the weights; the same bits)
+    delayed_weight_once: bool = False  #: delayed scaling (fp8_delayed) with --grad-accum above 1: quantize each weight once a step for all its micro-batches, as Transformer Engine's is_first_microbatch does (the weight's amax history gets its amax for the first micro-batch and 0 for each later one); off, every micro-batch quantizes the weight again and records its amax
     progress: bool = True  #: show a progress line on the terminal
     tensorboard: bool = True  #: also write TensorBoard events (if tensorboard is installed)
 
@@ -157,11 +158,13 @@ def set_weight_cache(model: nn.Module, on: bool) -> list:
     return list(zip(layers, before))
 
 
-def prepare_weights(model: nn.Module, in_place: bool = False) -> list:
+def prepare_weights(model: nn.Module, in_place: bool = False, micro_batches: int | None = None) -> list:
     """QuantizedLinear.prepare_weight on every layer whose recipe reuses its weight operands
-    (`in_place`: into the last step's tensors, for CUDA graphs); returns those layers (each to
-    be released before its weight changes)."""
-    return [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.prepare_weight(in_place=in_place)]
+    (`in_place`: into the last step's tensors, for CUDA graphs; `micro_batches`: delayed
+    scaling's weights too, for that many training forwards); returns those layers (each to be
+    released before its weight changes)."""
+    return [m for m in model.modules()
+            if isinstance(m, QuantizedLinear) and m.prepare_weight(in_place=in_place, micro_batches=micro_batches)]
 
 
 @torch.no_grad()
@@ -242,13 +245,14 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
     identity = {
         "recipe": recipe.name, "model_config": asdict(model_cfg), "data_sha256": data.fingerprint,
         "vocab_size": data.vocab_size, "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
-        "grad_accum": cfg.grad_accum, "seed": cfg.seed,
+        "grad_accum": cfg.grad_accum, "seed": cfg.seed, "delayed_weight_once": cfg.delayed_weight_once,
     }
     counters = {"step": 0, "skipped": 0, "spikes": 0, "loss_ema": None, "tokens_seen": 0}
     if cfg.resume:
         path = ckpt.find(run)
         saved = ckpt.verify(path)
-        differs = [k for k, v in identity.items() if saved["identity"].get(k) != v]
+        was = {"delayed_weight_once": False, **saved["identity"]}  # (checkpoints from before the option)
+        differs = [k for k, v in identity.items() if was.get(k) != v]
         if differs:
             raise RunError(
                 f"{run}'s checkpoint was written with different {', '.join(differs)}; "
@@ -269,6 +273,9 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
     shared = share_input_scales(model, torch.zeros(1, cfg.seq_len, dtype=torch.long, device=device))
     if shared:
         log(f"delayed scaling: {len(shared)} groups of Linears share their input's scale")
+    if cfg.delayed_weight_once and (cfg.grad_accum == 1 or not any(
+            isinstance(m, QuantizedLinear) and m.delayed_scaling is not None for m in model.modules())):
+        log("delayed_weight_once changes nothing here: it needs delayed scaling and --grad-accum above 1")
     compiled = cfg.compile or cfg.compile_blocks
     how = {"mode": cfg.compile_mode} if cfg.compile_mode else {}
     step_model = compile_model(model, blocks=cfg.compile_blocks, **how) if compiled else model
@@ -302,7 +309,11 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
             # compiled graphs do not look into the weight cache: they take the step's quantized
             # weights as inputs, made here once for all its micro-batches (under CUDA graphs into
             # the last step's tensors: a graph's inputs stay where they were)
-            prepared = prepare_weights(model, in_place=graphs) if compiled and cfg.grad_accum > 1 else []
+            # (delayed scaling's weights only with delayed_weight_once, eager code too: they make
+            # the step's entries of the weight's amax history here, and its forwards record none)
+            once = cfg.grad_accum if cfg.delayed_weight_once else None
+            prepared = (prepare_weights(model, in_place=graphs, micro_batches=once)
+                        if (compiled or once) and cfg.grad_accum > 1 else [])
             ours = set()  # data pointers of gradients copied out of the CUDA graphs' memory
             for micro in range(cfg.grad_accum):
                 x, y = (t.to(device) for t in batch(data.train, cfg.batch_size, cfg.seq_len, cfg.seed, step, micro))
