@@ -372,6 +372,8 @@ def test_compare_header_names_the_options_that_set_speed_and_memory():
     cfg = TrainConfig(grad_accum=4, compile_blocks=True, compile_mode="reduce-overhead")
     assert command_line(cfg, ["bf16"], jobs=2).endswith(
         "--seed 0 --grad-accum 4 --compile-blocks --compile-mode reduce-overhead --jobs 2")
+    cfg = TrainConfig(grad_accum=4, delayed_weight_once=True)
+    assert command_line(cfg, ["fp8_delayed"]).endswith("--seed 0 --grad-accum 4 --delayed-weight-once")
 
 
 def test_compare_writes_table_and_figure(corpus, cache, tmp_path, capsys):

@@ -115,11 +115,13 @@ def compare(cfg: TrainConfig, recipes: list[str], *, jobs: int = 1, echo=print) 
 
 def command_line(cfg: TrainConfig, recipes: list[str], jobs: int = 1) -> str:
     """The `fewerbits compare` command that the table's header names: the options that shape the
-    runs' losses, speed and memory (the model, the batches, compilation, processes at once)."""
+    runs' losses, speed and memory (the model, the batches, delayed scaling's weight casts,
+    compilation, processes at once)."""
     return (
         f"fewerbits compare --recipes {','.join(recipes)} --preset {cfg.preset} --steps {cfg.steps} "
         f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --seed {cfg.seed}"
         + (f" --grad-accum {cfg.grad_accum}" if cfg.grad_accum > 1 else "")
+        + (" --delayed-weight-once" if cfg.delayed_weight_once else "")
         + compile_options(cfg.compile, cfg.compile_blocks, cfg.compile_mode)
         + (f" --jobs {jobs}" if jobs > 1 else "")
     )
