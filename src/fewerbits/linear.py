@@ -714,8 +714,8 @@ class QuantizedLinear(nn.Linear):
         here, the weight's amax for the first micro-batch and 0 for each later one (TE casts the
         weight in the first micro-batch only, so the later ones write no amax into its history;
         a 0 adds nothing to the history's maximum). The forwards with these operands record no
-        weight amax of their own. Without it, delayed scaling quantizes the weight in every forward,
-        recording its amax each time, and nothing is prepared (the default: TE's
+        weight amax of their own. Without it, delayed scaling quantizes the weight in every
+        forward, recording its amax each time, and nothing is prepared (the default: TE's
         `is_first_microbatch=None`).
 
         in_place=True writes the operands into the tensors of the last in-place preparation,
