@@ -62,7 +62,7 @@ def step(once: bool) -> None:
 
 times = {False: [], True: []}
 peaks = {False: 0, True: 0}
-for rnd in range(args.rounds):
+for _ in range(args.rounds):
     for once in (False, True):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)

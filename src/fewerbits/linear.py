@@ -408,6 +408,13 @@ def _known_amaxes(gemm: Gemm, axis: int, known):
     return (known, None) if axis == 0 else (None, None)
 
 
+def _weight_max(known):
+    """max |W| where the weight's given amaxes (`QuantizedLinear.set_weight_amax`) are that one
+    value, else None (none given, or its columns'): the amax a delayed-scaling history records
+    for the weight, which `record` reads from W when None."""
+    return known if known is not None and known.dim() == 0 else None
+
+
 class _Config:
     """The non-tensor arguments of the autograd function (one per module)."""
 
@@ -499,8 +506,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
         if state is not None:
             state.record("input", x2)
             if w_fprop is None:  # (prepared: `prepare_weight` made the weight's entries for its forwards)
-                state.record("weight", weight, amax=weight_amax if weight_amax is not None and weight_amax.dim() == 0
-                             else None)
+                state.record("weight", weight, amax=_weight_max(weight_amax))
 
         # save what the backward GEMMs need, and nothing else
         dg = recipe.dgrad
@@ -750,8 +756,7 @@ class QuantizedLinear(nn.Linear):
             if state is not None:  # the step's history entries: the weight's amax, then a 0 a micro-batch
                 recording, state.recording = state.recording, True  # (whatever the last forward was)
                 try:
-                    state.record("weight", self.weight, amax=known if known is not None and known.dim() == 0
-                                 else None)
+                    state.record("weight", self.weight, amax=_weight_max(known))
                     for _ in range(micro_batches - 1):
                         state.record("weight", self.weight, amax=torch.zeros((), device=self.weight.device))
                 finally:
