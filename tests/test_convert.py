@@ -703,16 +703,18 @@ def test_a_token_count_of_one_whole_block_leaves_the_compiled_graph_general(reci
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("scheme", ["fp8_e4m3_tensor", "fp8_e4m3_1x128", "mxfp8_e4m3", "nvfp4"])
+@pytest.mark.parametrize(("scheme", "rows"), [("fp8_e4m3_tensor", 1300), ("fp8_e4m3_1x128", 1300),
+                                             ("mxfp8_e4m3", 1300), ("nvfp4", 1300), ("fp8_e4m3_128x128", 100)])
 @pytest.mark.parametrize("axis", [1, 0])
-def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme, axis):
+def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme, rows, axis):
     """The quantizer compiled by inductor (C++ on a CPU, where the auto backend keeps the Triton
     kernels and their operators out of the graph) gives the reference's bits, in the reference's
     row-major layout (the native GEMMs read the codes by their strides); compiled, the element
     pass runs over all rows at once, eagerly in slices. Neither dimension fills its last block
-    (inductor once miscompiled such a block: quantize._per_element)."""
+    (inductor once miscompiled such a block: quantize._per_element), nor do 100 rows fill a
+    128x128 block, whose columns' blocks inductor then split its loop at (`_block_of`)."""
     torch._dynamo.reset()
-    x = torch.randn(1300, 650, generator=torch.Generator().manual_seed(3)).bfloat16() * 5
+    x = torch.randn(rows, 650, generator=torch.Generator().manual_seed(3)).bfloat16() * 5
     x[7, 11] = float("nan")
 
     def q(t):
