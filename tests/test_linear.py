@@ -311,6 +311,44 @@ def test_delayed_scaling_uses_past_amaxes():
     assert out.shape == (4, 32)
 
 
+@pytest.mark.parametrize("amax_compute", ["max", "most_recent"])
+def test_a_steps_history_entries_at_once_are_those_of_a_record_each(amax_compute):
+    """DelayedScalingState.record_entries(role, amaxes) leaves the history and the next amax as
+    one record per entry would, one after another, as Transformer Engine's rule reads: each
+    record writes its amax into the window, takes the window's maximum (or that amax) unless
+    it is 0 or not finite (the amax then stays), and moves the window on. The reference here is
+    that rule written out a record at a time; windows of 1 to 5 entries, batches longer than
+    the window, zeros, inf and NaN; and records whatever `recording` says."""
+    import random
+
+    from fewerbits.linear import ROLES, DelayedScalingState
+
+    def one_record(state, r, amax):
+        history = state.amax_history[r]
+        history[0] = amax
+        new = history.max() if amax_compute == "max" else history[0].clone()
+        if new > 0 and torch.isfinite(new):
+            state.amax[r] = new
+        history.copy_(torch.roll(history, -1))
+        history[0] = 0
+
+    recipe = fb.get_recipe("fp8_delayed")
+    rng = random.Random(0)
+    values = [0.0, 0.0, 0.25, 1.5, 3.0, 1000.0, float("inf"), float("nan")]
+    for length in (1, 2, 3, 5):
+        config = fb.DelayedScaling(history_len=length, amax_compute=amax_compute)
+        want, got = DelayedScalingState(config, recipe), DelayedScalingState(config, recipe)
+        got.recording = False
+        for _ in range(12):
+            amaxes = torch.tensor([rng.choice(values) for _ in range(rng.randint(1, 7))])
+            role = rng.choice(ROLES)
+            for a in amaxes:
+                one_record(want, ROLES.index(role), a)
+            got.record_entries(role, amaxes)
+            assert torch.allclose(got.amax_history, want.amax_history, rtol=0, atol=0, equal_nan=True)
+            assert torch.equal(got.amax, want.amax)
+
+
 def test_delayed_scaling_records_the_amax_of_the_whole_tensor_eager_and_compiled():
     """The recorded amax is max |t| over the whole tensor, taken through its rows' maxima: equal
     to `t.abs().max()` where finite, inf for ±inf, NaN for any NaN, eagerly and under inductor;
@@ -688,6 +726,61 @@ def test_prepare_weight_refuses_weights_that_are_not_reused():
         with pytest.raises(ValueError, match="micro_batches must be a positive int"):
             layer.prepare_weight(micro_batches=bad)
     assert layer.delayed_scaling.amax_history.abs().sum() == 0  # nothing recorded by a refusal
+
+
+@pytest.mark.parametrize("recipe", ["fp8_delayed", "fp8_blockwise", "nvfp4"])
+def test_compiled_preparation_gives_the_eager_preparations_bytes(recipe):
+    """prepare_weights(compiled=True) makes every layer's weight operands in one function that
+    inductor compiles: the bytes of the eager preparation, layer by layer — operands, scales,
+    and under delayed scaling (three micro-batches) every history and amax — over three steps
+    whose weights change (ragged 128x128 blocks, an all-zero block, then a NaN), in place: the
+    later steps' operands written into the first step's tensors. The second step recompiles
+    nothing; the third finds one layer's given amax stale (its weight changed since), which the
+    compiled preparation drops, as the eager one does, rather than quantize by it."""
+    from torch._dynamo.utils import counters
+
+    from fewerbits.linear import prepare_weights, set_weight_amaxes
+
+    def make():
+        torch.manual_seed(0)
+        model = nn.Sequential(fb.QuantizedLinear(300, 200, recipe=recipe), fb.QuantizedLinear(200, 64, recipe=recipe))
+        with torch.no_grad():
+            model[0].weight[:128, 128:256] = 0.0
+            model[0].weight.mul_(torch.logspace(-3, 3, 300))
+        return model
+
+    def steps(model, compiled):
+        seen, where = [], []
+        n = 3 if recipe == "fp8_delayed" else None
+        for step in range(3):
+            if step < 2:
+                set_weight_amaxes(model)
+            layers = prepare_weights(model, in_place=True, micro_batches=n, compiled=compiled)
+            assert layers == list(model)
+            where.append([t.data_ptr() for m in layers for t in m._prepared if t is not None])
+            # operands and scales as bytes; histories and amaxes as numbers (a NaN amax's sign
+            # bit is the reduction's: a NaN either way)
+            seen += [t.reshape(-1).view(torch.uint8).clone() for m in layers for t in m._prepared if t is not None]
+            seen += [b.clone() for m in layers if m.delayed_scaling is not None
+                     for b in (m.delayed_scaling.amax_history, m.delayed_scaling.amax)]
+            for m in layers:
+                m.release_weight()
+            with torch.no_grad():
+                model[1].weight.mul_(1.5)
+                model[1].weight[3, 5] = float("nan")
+        assert where[0] == where[1] == where[2]
+        return seen
+
+    reference = steps(make(), False)
+    torch._dynamo.reset()
+    counters.clear()
+    model = make()
+    got = steps(model, True)
+    # a graph again for the third step only where a layer's quantizer takes a given amax
+    assert counters["stats"]["unique_graphs"] == 1 + any(m.uses_weight_amax for m in model)
+    assert len(got) == len(reference)
+    assert all(a.dtype == b.dtype and a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+               for a, b in zip(reference, got))
 
 
 @pytest.mark.parametrize("compiled", [False, True])

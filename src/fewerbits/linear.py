@@ -55,6 +55,7 @@ history and the amax the next quantization uses, as buffers: they are saved and 
 from __future__ import annotations
 
 import collections
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -99,16 +100,32 @@ class DelayedScalingState(nn.Module):
         """Put t's amax (`amax` where the caller has it already) into role's history."""
         if not self.recording:  # evaluation reads the histories but leaves them alone
             return
-        r = ROLES.index(role)
-        history = self.amax_history[r]
         if amax is None:
             amax = tensor_amax_of(t)  # written as the quantizer's, so a compiled graph merges the two
-        history[0] = amax.float()
-        new = history.max() if self.config.amax_compute == "max" else history[0].clone()
-        # keep the previous amax when the new one is 0 or not finite, as TE keeps its scale
-        self.amax[r] = torch.where((new > 0) & torch.isfinite(new), new, self.amax[r])
-        history.copy_(torch.roll(history, -1))
-        history[0].zero_()
+        self.record_entries(role, amax.reshape(1))
+
+    @torch.no_grad()
+    def record_entries(self, role: str, amaxes: torch.Tensor) -> None:
+        """Put the n amaxes of the 1-D `amaxes` into role's history, oldest first, as n `record`s
+        would, one after another (whatever `recording` says), in a fixed handful of operations.
+
+        Each record writes its amax into the window, takes the window's maximum (or the amax
+        itself, `most_recent`) as the role's next amax unless that is 0 or not finite (TE keeps
+        its scale then), and moves the window on by one. Laid end to end, the history's
+        remembered entries (all but slot 0, which the next entry overwrites) and the n new ones
+        hold every window the n records see: the k-th is history_len long and ends at the k-th
+        new amax."""
+        r = ROLES.index(role)
+        history, n = self.amax_history[r], amaxes.numel()
+        length = history.numel()
+        seq = torch.cat([history[1:], amaxes.float()])
+        new = seq.unfold(0, length, 1).amax(dim=1) if self.config.amax_compute == "max" else seq[length - 1:]
+        # the next amax: that of the last record whose choice was kept, else the one there is
+        kept = torch.cat([new.new_ones(1, dtype=torch.bool), (new > 0) & torch.isfinite(new)])
+        last = (torch.arange(n + 1, device=kept.device) * kept).amax()
+        self.amax[r] = torch.cat([self.amax[r : r + 1], new]).gather(0, last.reshape(1))[0]
+        history[1:] = seq[n:]
+        history[0] = 0
 
 
 @dataclass(frozen=True)
@@ -366,6 +383,41 @@ def set_weight_amaxes(model: nn.Module, amax_of=None) -> int:
                 amax = torch.linalg.vector_norm(m.weight.detach(), ord=float("inf"), dim=dim).float()
             m.set_weight_amax(amax)
     return n
+
+
+def prepare_weights(model: nn.Module, in_place: bool = False, micro_batches: int | None = None,
+                    compiled: bool = False) -> list:
+    """QuantizedLinear.prepare_weight on every layer whose recipe reuses its weight operands
+    (`in_place`: into the last step's tensors, for CUDA graphs; `micro_batches`: delayed
+    scaling's weights too, for that many training forwards); returns those layers (each to be
+    released before its weight changes).
+
+    compiled=True makes every layer's operands (and history entries) in one function compiled
+    by `convert.compile_model` (inductor) instead of layer by layer in eager mode: the same bits
+    from a few fused kernels a layer, launched by one call, where eager mode launches dozens of
+    small operations a layer, which on a GPU take the host longer than the casts take the
+    device. It compiles on the first call, and again when the layers or `micro_batches` change."""
+    if not compiled:
+        return [m for m in model.modules()
+                if isinstance(m, QuantizedLinear) and m.prepare_weight(in_place=in_place, micro_batches=micro_batches)]
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear) and m._prepares(micro_batches)]
+    if layers:
+        for m in layers:  # amaxes given before the weight last changed are dropped here (a
+            m._given_weight_amax()  # graph takes what it finds as given)
+        for m, operands in zip(layers, _compiled_weight_operands()(layers, micro_batches)):
+            m._hold(operands, in_place)
+    return layers
+
+
+def _weight_operands(layers: list, micro_batches: int | None) -> list:
+    return [m._weight_operands(micro_batches) for m in layers]
+
+
+@functools.cache
+def _compiled_weight_operands():
+    from .convert import compile_model
+
+    return compile_model(_weight_operands)
 
 
 def _same_layout(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -729,38 +781,60 @@ class QuantizedLinear(nn.Linear):
         shapes and dtypes still match: compiled graphs take a module's tensors as inputs at
         fixed addresses, and CUDA graphs record again when one moves, as operands made afresh
         each step would. The bits are the same either way."""
-        r, cfg, state = self.recipe, self._config, self.delayed_scaling
-        ops = ((r.fprop.b, r.fprop, 1), (r.dgrad.b, r.dgrad, 0))
+        if not self._prepares(micro_batches):
+            return False
+        self._hold(self._weight_operands(micro_batches), in_place)
+        return True
+
+    def _prepares(self, micro_batches: int | None) -> bool:
+        """Whether `prepare_weight(micro_batches=micro_batches)` prepares this layer's weight
+        operands; a bad `micro_batches` is refused whatever the recipe."""
         if micro_batches is not None and (isinstance(micro_batches, bool) or not isinstance(micro_batches, int)
                                           or micro_batches < 1):
             raise ValueError(f"micro_batches must be a positive int, not {micro_batches!r}")
-        if (r.weight_qat is not None or (state is not None and micro_batches is None)
-                or any(op.scheme is None or op.rounding != "nearest" for op, _, _ in ops)):
-            return False
+        r = self.recipe
+        return not (r.weight_qat is not None or (self.delayed_scaling is not None and micro_batches is None)
+                    or any(op.scheme is None or op.rounding != "nearest" for op, _, _ in self._weight_ops()))
+
+    def _weight_ops(self):
+        """(operand, GEMM, axis) of the weight's two quantized operands: fprop's, along the rows;
+        dgrad's, along the columns."""
+        r = self.recipe
+        return (r.fprop.b, r.fprop, 1), (r.dgrad.b, r.dgrad, 0)
+
+    @torch.no_grad()
+    def _weight_operands(self, micro_batches: int | None) -> list[QuantizedTensor]:
+        """The tensor work of `prepare_weight` (for a layer it prepares): the weight's two
+        operands, and under delayed scaling the step's entries of the weight's amax history.
+        Free of the module's bookkeeping, so that one compiled function can make every layer's
+        (`prepare_weights(compiled=True)`)."""
+        r, state = self.recipe, self.delayed_scaling
         known = self._given_weight_amax()
-        with torch.no_grad():
-            # delayed scaling: the amax the next forward would quantize the weight with
-            amax = state.amax_for("weight") if state is not None else None
-            made = []
-            for op, gemm, axis in ops:
-                if axis == 0 and _codes_transposable(r.fprop.b, r.fprop, op, gemm):
-                    # the fprop operand's codes transposed: a byte read and written a weight
-                    # instead of reading the fp32 weight again (a one-scale operand's scale a
-                    # tensor of its own: a compiled graph guards on inputs that alias)
-                    q = _transpose(made[0])
-                    made.append(replace(q, scale=q.scale.clone()) if q.scale is made[0].scale else q)
-                    continue
-                block_amaxes, tensor_amax = _known_amaxes(gemm, axis, known)
-                made.append(_prepare(self.weight, op, gemm, axis, r.compute_dtype, amax, True, tensor_amax,
-                                     block_amaxes))
-            if state is not None:  # the step's history entries: the weight's amax, then a 0 a micro-batch
-                recording, state.recording = state.recording, True  # (whatever the last forward was)
-                try:
-                    state.record("weight", self.weight, amax=_weight_max(known))
-                    for _ in range(micro_batches - 1):
-                        state.record("weight", self.weight, amax=torch.zeros((), device=self.weight.device))
-                finally:
-                    state.recording = recording
+        # delayed scaling: the amax the next forward would quantize the weight with
+        amax = state.amax_for("weight") if state is not None else None
+        made = []
+        for op, gemm, axis in self._weight_ops():
+            if axis == 0 and _codes_transposable(r.fprop.b, r.fprop, op, gemm):
+                # the fprop operand's codes transposed: a byte read and written a weight
+                # instead of reading the fp32 weight again (a one-scale operand's scale a
+                # tensor of its own: a compiled graph guards on inputs that alias)
+                q = _transpose(made[0])
+                made.append(replace(q, scale=q.scale.clone()) if q.scale is made[0].scale else q)
+                continue
+            block_amaxes, tensor_amax = _known_amaxes(gemm, axis, known)
+            made.append(_prepare(self.weight, op, gemm, axis, r.compute_dtype, amax, True, tensor_amax,
+                                 block_amaxes))
+        if state is not None:  # the step's history entries: the weight's amax, then a 0 a micro-batch
+            first = _weight_max(known)
+            first = tensor_amax_of(self.weight) if first is None else first
+            state.record_entries("weight", torch.cat([first.reshape(1).float(), first.new_zeros(micro_batches - 1,
+                                                                                               dtype=torch.float)]))
+        return made
+
+    def _hold(self, made: list[QuantizedTensor], in_place: bool) -> None:
+        """Keep the operands `_weight_operands` made for the forwards and backwards until
+        `release_weight` (`prepare_weight`'s `in_place` as there)."""
+        cfg = self._config
         shells = tuple(replace(q, data=None, scale=None, tensor_scale=None) for q in made)
         if cfg.prepared != shells:  # kept when equal: a compiled graph guards on this object
             cfg.prepared = shells
@@ -773,7 +847,6 @@ class QuantizedLinear(nn.Linear):
             fresh = self._kept
         self._kept = fresh if in_place else ()
         self._prepared = fresh
-        return True
 
     def release_weight(self) -> None:
         """Drop the operands of `prepare_weight` (forwards quantize the weight again)."""
