@@ -1,13 +1,14 @@
 """fp8_delayed's training step under gradient accumulation: each weight quantized once a step
 for all the micro-batches (`prepare_weights(model, micro_batches=n)`, the trainer's
-`--delayed-weight-once`) against once a micro-batch (the default), in one process.
+`--delayed-weight-once`) against once a micro-batch (the default), in one process; the
+preparation layer by layer in eager mode, and as one compiled function (`compiled=True`).
 
     PYTHONPATH=src python3 scripts/delayed_once.py --grad-accum 4
 
 On a CUDA device: `llama3-8b-8layers` (vocabulary 32000) with fp32 weights, every block's
 Linears under fp8_delayed by the trainer's default policy, compiled block by block (torch.compile's
 default mode), the trainer's AdamW, clipping and weight amaxes. A step is `--grad-accum`
-micro-batches of `--batch-size` × `--seq-len` random tokens, then the optimizer. The two arms
+micro-batches of `--batch-size` × `--seq-len` random tokens, then the optimizer. The arms
 take turns on one model (`--rounds` rounds, `--iters` timed steps an arm a round after
 `--warmup`); the medians of their pooled steps, and each arm's peak memory, are printed.
 """
@@ -20,9 +21,8 @@ import torch.nn.functional as F
 
 from fewerbits.bench import train_batch
 from fewerbits.convert import compile_model
-from fewerbits.linear import set_weight_amaxes, share_input_scales
+from fewerbits.linear import prepare_weights, set_weight_amaxes, share_input_scales
 from fewerbits.models import Llama, get_preset
-from fewerbits.train.loop import prepare_weights
 from fewerbits.train.optim import AdamW, clip_coefficient, param_groups
 from fewerbits.train.precision import apply_recipe
 
@@ -48,9 +48,12 @@ params = [q for q in model.parameters() if q.requires_grad]
 step_model = compile_model(model, blocks=True)
 
 
-def step(once: bool) -> None:
+ARMS = {"every micro-batch": None, "once a step": False, "once a step, compiled preparation": True}
+
+
+def step(prepared) -> None:
     set_weight_amaxes(model, opt.weight_amax)
-    layers = prepare_weights(model, micro_batches=args.grad_accum) if once else []
+    layers = [] if prepared is None else prepare_weights(model, micro_batches=args.grad_accum, compiled=prepared)
     for _ in range(args.grad_accum):
         loss = F.cross_entropy(step_model(x).float().flatten(0, -2), y.reshape(-1))
         (loss / args.grad_accum).backward()
@@ -60,23 +63,22 @@ def step(once: bool) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-times = {False: [], True: []}
-peaks = {False: 0, True: 0}
+times = {arm: [] for arm in ARMS}
+peaks = dict.fromkeys(ARMS, 0)
 for _ in range(args.rounds):
-    for once in (False, True):
+    for arm, prepared in ARMS.items():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
         for i in range(args.warmup + args.iters):
             t0 = time.perf_counter()
-            step(once)
+            step(prepared)
             torch.cuda.synchronize()
             if i >= args.warmup:
-                times[once].append((time.perf_counter() - t0) * 1e3)
-        peaks[once] = max(peaks[once], torch.cuda.max_memory_allocated(device))
+                times[arm].append((time.perf_counter() - t0) * 1e3)
+        peaks[arm] = max(peaks[arm], torch.cuda.max_memory_allocated(device))
 tokens = args.batch_size * args.seq_len * args.grad_accum
-for once in (False, True):
-    ms = statistics.median(times[once])
-    print(f"{'once a step' if once else 'every micro-batch'}: {ms:.1f} ms/step "
-          f"({min(times[once]):.1f}-{max(times[once]):.1f}), {tokens / ms * 1e3:,.0f} tokens/s, "
-          f"peak {peaks[once] / 2**30:.2f} GiB", flush=True)
-print(f"ratio (every micro-batch / once a step): {statistics.median(times[False]) / statistics.median(times[True]):.4f}")
+base = statistics.median(times["every micro-batch"])
+for arm in ARMS:
+    ms = statistics.median(times[arm])
+    print(f"{arm}: {ms:.1f} ms/step ({min(times[arm]):.1f}-{max(times[arm]):.1f}), {tokens / ms * 1e3:,.0f} tokens/s "
+          f"({base / ms:.4f}x the first arm's), peak {peaks[arm] / 2**30:.2f} GiB", flush=True)

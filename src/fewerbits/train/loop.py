@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..convert import Policy, check_compile_mode, compile_model, uses_cuda_graphs
 from ..hardware import resolve_device
-from ..linear import QuantizedLinear, set_weight_amaxes, share_input_scales
+from ..linear import QuantizedLinear, prepare_weights, set_weight_amaxes, share_input_scales
 from ..models import Llama, get_preset
 from ..recipes import get_recipe
 from . import checkpoint as ckpt
@@ -156,15 +156,6 @@ def set_weight_cache(model: nn.Module, on: bool) -> list:
     for m in layers:
         m.cache_weight = on
     return list(zip(layers, before))
-
-
-def prepare_weights(model: nn.Module, in_place: bool = False, micro_batches: int | None = None) -> list:
-    """QuantizedLinear.prepare_weight on every layer whose recipe reuses its weight operands
-    (`in_place`: into the last step's tensors, for CUDA graphs; `micro_batches`: delayed
-    scaling's weights too, for that many training forwards); returns those layers (each to be
-    released before its weight changes)."""
-    return [m for m in model.modules()
-            if isinstance(m, QuantizedLinear) and m.prepare_weight(in_place=in_place, micro_batches=micro_batches)]
 
 
 @torch.no_grad()
@@ -311,8 +302,11 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
             # the last step's tensors: a graph's inputs stay where they were)
             # (delayed scaling's weights only with delayed_weight_once, eager code too: they make
             # the step's entries of the weight's amax history here, and its forwards record none)
+            # (by one compiled function on a GPU, where the host launches it in a few calls
+            # instead of dozens of small operations a layer: the same bits)
             once = cfg.grad_accum if cfg.delayed_weight_once else None
-            prepared = (prepare_weights(model, in_place=graphs, micro_batches=once)
+            prepared = (prepare_weights(model, in_place=graphs, micro_batches=once,
+                                        compiled=compiled and device.type == "cuda")
                         if (compiled or once) and cfg.grad_accum > 1 else [])
             ours = set()  # data pointers of gradients copied out of the CUDA graphs' memory
             for micro in range(cfg.grad_accum):
