@@ -302,11 +302,8 @@ def train(cfg: TrainConfig, log=lambda line: None) -> dict:
             # the last step's tensors: a graph's inputs stay where they were)
             # (delayed scaling's weights only with delayed_weight_once, eager code too: they make
             # the step's entries of the weight's amax history here, and its forwards record none)
-            # (by one compiled function on a GPU, where the host launches it in a few calls
-            # instead of dozens of small operations a layer: the same bits)
             once = cfg.grad_accum if cfg.delayed_weight_once else None
-            prepared = (prepare_weights(model, in_place=graphs, micro_batches=once,
-                                        compiled=compiled and device.type == "cuda")
+            prepared = (prepare_weights(model, in_place=graphs, micro_batches=once)
                         if (compiled or once) and cfg.grad_accum > 1 else [])
             ours = set()  # data pointers of gradients copied out of the CUDA graphs' memory
             for micro in range(cfg.grad_accum):
