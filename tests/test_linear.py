@@ -314,23 +314,13 @@ def test_delayed_scaling_uses_past_amaxes():
 @pytest.mark.parametrize("amax_compute", ["max", "most_recent"])
 def test_a_steps_history_entries_at_once_are_those_of_a_record_each(amax_compute):
     """DelayedScalingState.record_entries(role, amaxes) leaves the history and the next amax as
-    one record per entry would, one after another, as Transformer Engine's rule reads: each
-    record writes its amax into the window, takes the window's maximum (or that amax) unless
-    it is 0 or not finite (the amax then stays), and moves the window on. The reference here is
-    that rule written out a record at a time; windows of 1 to 5 entries, batches longer than
-    the window, zeros, inf and NaN; and records whatever `recording` says."""
+    `record` does with one entry after another (Transformer Engine's rule: each record writes
+    its amax into the window, takes the window's maximum, or that amax, unless it is 0 or not
+    finite, when the amax stays, and moves the window on): windows of 1 to 5 entries, batches
+    longer than the window, zeros, inf and NaN; and it records whatever `recording` says."""
     import random
 
     from fewerbits.linear import ROLES, DelayedScalingState
-
-    def one_record(state, r, amax):
-        history = state.amax_history[r]
-        history[0] = amax
-        new = history.max() if amax_compute == "max" else history[0].clone()
-        if new > 0 and torch.isfinite(new):
-            state.amax[r] = new
-        history.copy_(torch.roll(history, -1))
-        history[0] = 0
 
     recipe = fb.get_recipe("fp8_delayed")
     rng = random.Random(0)
@@ -343,7 +333,7 @@ def test_a_steps_history_entries_at_once_are_those_of_a_record_each(amax_compute
             amaxes = torch.tensor([rng.choice(values) for _ in range(rng.randint(1, 7))])
             role = rng.choice(ROLES)
             for a in amaxes:
-                one_record(want, ROLES.index(role), a)
+                want.record(role, None, amax=a)
             got.record_entries(role, amaxes)
             assert torch.allclose(got.amax_history, want.amax_history, rtol=0, atol=0, equal_nan=True)
             assert torch.equal(got.amax, want.amax)

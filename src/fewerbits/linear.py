@@ -100,14 +100,22 @@ class DelayedScalingState(nn.Module):
         """Put t's amax (`amax` where the caller has it already) into role's history."""
         if not self.recording:  # evaluation reads the histories but leaves them alone
             return
+        r = ROLES.index(role)
+        history = self.amax_history[r]
         if amax is None:
             amax = tensor_amax_of(t)  # written as the quantizer's, so a compiled graph merges the two
-        self.record_entries(role, amax.reshape(1))
+        history[0] = amax.float()
+        new = history.max() if self.config.amax_compute == "max" else history[0].clone()
+        # keep the previous amax when the new one is 0 or not finite, as TE keeps its scale
+        self.amax[r] = torch.where((new > 0) & torch.isfinite(new), new, self.amax[r])
+        history.copy_(torch.roll(history, -1))
+        history[0].zero_()
 
     @torch.no_grad()
     def record_entries(self, role: str, amaxes: torch.Tensor) -> None:
         """Put the n amaxes of the 1-D `amaxes` into role's history, oldest first, as n `record`s
-        would, one after another (whatever `recording` says), in a fixed handful of operations.
+        would, one after another (whatever `recording` says), in a fixed handful of operations
+        (a step's entries at once, where `record` takes a handful for each).
 
         Each record writes its amax into the window, takes the window's maximum (or the amax
         itself, `most_recent`) as the role's next amax unless that is 0 or not finite (TE keeps
