@@ -712,7 +712,8 @@ def test_inductor_compiles_the_quantizer_to_the_same_bits(scheme, rows, axis):
     row-major layout (the native GEMMs read the codes by their strides); compiled, the element
     pass runs over all rows at once, eagerly in slices. Neither dimension fills its last block
     (inductor once miscompiled such a block: quantize._per_element), nor do 100 rows fill a
-    128x128 block, whose columns' blocks inductor then split its loop at (`_block_of`)."""
+    128x128 block (inductor then split the loop over the columns into whole blocks:
+    quantize._block_of)."""
     torch._dynamo.reset()
     x = torch.randn(rows, 650, generator=torch.Generator().manual_seed(3)).bfloat16() * 5
     x[7, 11] = float("nan")

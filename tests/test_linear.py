@@ -718,7 +718,7 @@ def test_prepare_weight_refuses_weights_that_are_not_reused():
     assert layer.delayed_scaling.amax_history.abs().sum() == 0  # nothing recorded by a refusal
 
 
-@pytest.mark.parametrize("recipe", ["fp8_delayed", "fp8_blockwise", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["fp8_delayed", "fp8_blockwise"])
 def test_compiled_preparation_gives_the_eager_preparations_bytes(recipe):
     """prepare_weights(compiled=True) makes every layer's weight operands in one function that
     inductor compiles: the bytes of the eager preparation, layer by layer — operands, scales,
