@@ -412,20 +412,21 @@ def prepare_weights(model: nn.Module, in_place: bool = False, micro_batches: int
     if layers:
         for m in layers:  # amaxes given before the weight last changed are dropped here (a
             m._given_weight_amax()  # graph takes what it finds as given)
-        for m, operands in zip(layers, _compiled_weight_operands()(layers, micro_batches)):
+        for m, operands in zip(layers, _compiled_layers_operands()(layers, micro_batches)):
             m._hold(operands, in_place)
     return layers
 
 
-def _weight_operands(layers: list, micro_batches: int | None) -> list:
+def _layers_operands(layers: list, micro_batches: int | None) -> list:
+    """Each layer's `_weight_operands`: the function `prepare_weights(compiled=True)` compiles."""
     return [m._weight_operands(micro_batches) for m in layers]
 
 
 @functools.cache
-def _compiled_weight_operands():
+def _compiled_layers_operands():
     from .convert import compile_model
 
-    return compile_model(_weight_operands)
+    return compile_model(_layers_operands)
 
 
 def _same_layout(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
